@@ -1,0 +1,187 @@
+"""The `rlx-amp` command line: parsing, files and output on top of the library.
+
+`rlx-amp MODEL ... -o OUT` is the `convert` command; `inspect` and `verify` are subcommands.
+User errors print one line on stderr and exit 2 (3 when a model cannot be run); a drift over
+tolerance exits 1 after writing its reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlx_onnx_amp import render
+from rlx_onnx_amp.api import convert_file, load_model, make_options
+from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.inspect import inspect_model
+from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
+from rlx_onnx_amp.report import ConversionReport
+
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_RUN = 0, 1, 2, 3
+
+
+class _DefaultGroup(click.Group):
+    """A group whose first argument, when it names no subcommand, goes to `convert`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["convert", *args]
+        return super().parse_args(ctx, args)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
+    click.echo(f"rlx-amp: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _run_guarded(fn: Callable[[], int]) -> None:
+    try:
+        code = fn()
+    except AmpError as e:
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    sys.exit(code)
+
+
+def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
+    kind_map = None
+    if map_text and map_file:
+        raise InputError("give --map or --map-file, not both")
+    if map_text:
+        kind_map = parse_kind_map(map_text)
+    elif map_file:
+        kind_map = load_kind_map_file(Path(map_file))
+    return policy_from_name(policy, kind_map)
+
+
+def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--map-file", "map_file", metavar="FILE", help="JSON or TOML kind map for --policy custom.")(f)
+    f = click.option("--map", "map_text", metavar="KIND=P,...", help="Kind map for --policy custom, e.g. compute=f16,reduction=f32.")(f)
+    f = click.option(
+        "--policy", "-p", default="auto-mixed", show_default=True, metavar="|".join(POLICY_NAMES),
+        help="Precision policy.",
+    )(f)
+    return f
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    except OSError as e:
+        raise InputError(f"{path}: cannot write report ({e.strerror})") from None
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rlx-onnx-amp")
+def main() -> None:
+    """Rewrite ONNX models to mixed precision and prove the result.
+
+    \b
+    rlx-amp MODEL --policy auto-mixed -o OUT.onnx      convert (the default command)
+    rlx-amp inspect MODEL [--policy P]                 what each kind and op would get
+    rlx-amp verify REFERENCE CANDIDATE                 measure output drift
+    """
+
+
+@main.command("convert")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...")
+@_policy_options
+@click.option("-o", "--output", metavar="OUT", help="Output model path (one MODEL).")
+@click.option("--out-dir", metavar="DIR", help="Output directory (several MODELs); outputs keep their file names.")
+@click.option("--keep-f32-op", multiple=True, metavar="OP", help="Keep every node of this op type in f32 (repeatable).")
+@click.option("--keep-f32-node", multiple=True, metavar="REGEX", help="Keep nodes whose name matches in f32 (repeatable).")
+@click.option("--keep-io-types/--no-keep-io-types", default=True, show_default=True, help="Graph inputs and outputs keep their element type.")
+@click.option("--data-name", metavar="NAME", help="External data file name for the output (default OUT.data).")
+@click.option("--report-json", metavar="PATH", help="Write the conversion report as JSON.")
+@click.option("--report-md", metavar="PATH", help="Write a Markdown summary (with --verify: the drift report).")
+@click.option("--quiet", "-q", is_flag=True, help="No table, no progress.")
+@click.option("-v", "--verbose", count=True, help="Log what the rewrite does (-vv for debug).")
+@click.pass_context
+def convert_cmd(ctx: click.Context, models: Sequence[str], policy: str, map_text: str | None, map_file: str | None,
+                output: str | None, out_dir: str | None, keep_f32_op: Sequence[str], keep_f32_node: Sequence[str],
+                keep_io_types: bool, data_name: str | None, report_json: str | None, report_md: str | None,
+                quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
+    """Convert MODEL to mixed precision under a policy."""
+    _setup_logging(verbose)
+
+    def run() -> int:
+        resolved = _policy(policy, map_text, map_file)
+        options = make_options(keep_io_types, keep_f32_op, keep_f32_node)
+        outputs = _output_paths(models, output, out_dir)
+        reports: list[ConversionReport] = []
+        for src, dst in zip(models, outputs):
+            report = convert_file(src, dst, resolved, options=options, data_name=data_name if len(models) == 1 else None)
+            reports.append(report)
+            if not quiet:
+                click.echo(render.conversion_table(report))
+        payload = reports[0].to_json() if len(reports) == 1 else {"models": [r.to_json() for r in reports]}
+        if report_json:
+            _write_json(report_json, payload)
+        if report_md:
+            _write_text(report_md, render.conversion_markdown(reports))
+        return EXIT_OK
+
+    _run_guarded(run)
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write report ({e.strerror})") from None
+
+
+def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None) -> list[str]:
+    if output and out_dir:
+        raise InputError("give -o/--output or --out-dir, not both")
+    if len(models) > 1:
+        if not out_dir:
+            raise InputError("several models need --out-dir DIR")
+    elif not output and not out_dir:
+        raise InputError("missing -o/--output OUT")
+    if out_dir:
+        if not Path(out_dir).is_dir():
+            raise InputError(f"{out_dir}: output directory does not exist")
+        names = [Path(m).name for m in models]
+        if len(set(names)) != len(names):
+            raise InputError("--out-dir: two input models share a file name")
+        return [os.path.join(out_dir, n) for n in names]
+    assert output is not None
+    return [output]
+
+
+@main.command("inspect")
+@click.argument("model")
+@_policy_options
+@click.option("--keep-f32-op", multiple=True, metavar="OP")
+@click.option("--keep-f32-node", multiple=True, metavar="REGEX")
+@click.option("--json", "as_json", is_flag=True, help="Print the per-kind and per-op counts as JSON.")
+def inspect_cmd(model: str, policy: str, map_text: str | None, map_file: str | None, keep_f32_op: Sequence[str],
+                keep_f32_node: Sequence[str], as_json: bool) -> None:
+    """Show per kind and per op type the node counts and the precision each would get."""
+
+    def run() -> int:
+        resolved = _policy(policy, map_text, map_file)
+        loaded = load_model(model)
+        summary = inspect_model(loaded, resolved, make_options(True, keep_f32_op, keep_f32_node), model_name=model)
+        click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
+        return EXIT_OK
+
+    _run_guarded(run)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

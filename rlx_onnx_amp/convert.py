@@ -1,0 +1,619 @@
+"""The mixed-precision rewrite (design.md section 2).
+
+The pass runs in three sweeps over every graph scope (main graph and If/Loop/Scan bodies):
+
+1. **Decide.** Each node gets a precision from its op kind through the policy, unless it is
+   kept in its original types because:
+   (a) its schema at the model's opset does not admit the target type for any of its float
+       type variables (a variable that does not admit it keeps its type alone, rule 3),
+   (b) the user said so (op type, node-name pattern, or node path from repair),
+   (c) the taxonomy does not know the op, or
+   (d) it holds a subgraph: control-flow interfaces keep their types, bodies are rewritten.
+   `Cast` keeps its `to` (rule 4); Constant/ConstantOfShape are sources (rule 6).
+2. **Store.** Each float value gets a storage type: node outputs from their producer's
+   decision; initializers and Constant values are narrowed in place when every consumer wants
+   the same low precision (rule 6); graph inputs and outputs keep their type (rule 5).
+3. **Emit.** Each consumer reads each input at the type it requires; a mismatch is served by
+   one Cast per (value, type) in each scope (rule 7), or by the input of an existing widening
+   Cast (a chain that adds nothing is folded). Graph outputs computed in low precision get a
+   Cast back under their original name (rule 10).
+
+Names of original values are kept on the values that carried them, so a verifier can compare
+any intermediate tensor by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
+
+from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.policy import Policy, policy_from_name
+from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
+from rlx_onnx_amp.report import ConversionReport, KeptNode
+from rlx_onnx_amp.schema import signature
+from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, CAST_OPS, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
+from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow
+from rlx_onnx_amp.types import ScopeTypes, infer_types, subgraphs
+
+__all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
+
+logger = logging.getLogger(__name__)
+
+_F32 = TensorProto.FLOAT
+_TYPE_STR = {info.elem_type: info.type_str for info in PRECISIONS.values()}
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What the user can say besides the policy."""
+
+    keep_io_types: bool = True
+    keep_f32_ops: frozenset[str] = frozenset()
+    keep_f32_nodes: tuple[str, ...] = ()  # regular expressions on node names
+    #: Node paths (see `NodeDecision.path`) kept in f32, with the reason to report.
+    keep_f32_paths: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class NodeDecision:
+    """What the rewrite does to one node."""
+
+    path: str  # stable id: node index in its graph, prefixed by the path of its scope
+    node: NodeProto
+    kind: OpKind | None
+    precision: Precision | None = None  # the low precision it runs at; None: original types
+    input_types: dict[int, int | None] = field(default_factory=dict)  # required; None: any
+    output_types: dict[int, int] = field(default_factory=dict)
+    reason: str | None = None  # why it was kept, when the policy wanted it lower
+    source: bool = False  # a Constant-like node whose type follows its consumers
+
+    @property
+    def label(self) -> str:
+        return self.node.name or f"{self.node.op_type}@{self.path}"
+
+
+class _Scope:
+    """One graph (main or body) and what the sweeps learn about its values."""
+
+    def __init__(self, graph: GraphProto, path: str, parent: _Scope | None, types: dict[str, int]) -> None:
+        self.graph = graph
+        self.path = path
+        self.parent = parent
+        self.orig: dict[str, int] = dict(types)  # element types before the rewrite
+        self.storage: dict[str, int] = {}  # element types after
+        self.defined: set[str] = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        self.producer: dict[str, NodeDecision] = {}
+        self.wants: dict[str, set[int]] = {}
+        self.decisions: list[NodeDecision] = []
+        self.children: dict[int, list[_Scope]] = {}
+        self.rename: dict[str, str] = {}
+        self.cast_cache: dict[tuple[str, int], str] = {}
+        self.quantized_inputs: set[str] = set()  # values read by QuantizeLinear
+
+    def in_qdq_region(self, node: NodeProto) -> bool:
+        if any(n in self.quantized_inputs for n in node.output):
+            return True
+        for name in node.input:
+            scope = self.owner(name) if name else None
+            producer = scope.producer.get(name) if scope else None
+            if producer is not None and producer.node.op_type in QDQ_PRODUCERS:
+                return True
+        return False
+
+    def owner(self, name: str) -> _Scope | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.defined:
+                return scope
+            scope = scope.parent
+        return None
+
+    def orig_type(self, name: str) -> int | None:
+        scope = self.owner(name)
+        return scope.orig.get(name) if scope else None
+
+    def storage_type(self, name: str) -> int | None:
+        scope = self.owner(name)
+        if scope is None:
+            return None
+        return scope.storage.get(name, scope.orig.get(name))
+
+    def renamed(self, name: str) -> str:
+        scope = self.owner(name)
+        return scope.rename.get(name, name) if scope else name
+
+
+def _is_float(elem: int | None) -> bool:
+    return elem in FLOAT_TYPES
+
+
+class _Converter:
+    def __init__(
+        self,
+        model: ModelProto,
+        policy: Policy,
+        options: ConvertOptions,
+        source: WeightSource,
+        sink: WeightSink,
+        report: ConversionReport,
+        weights: bool = True,
+    ) -> None:
+        self.weights = weights
+        self.model = model
+        self.policy = policy
+        self.options = options
+        self.source = source
+        self.sink = sink
+        self.report = report
+        self.opsets = {(o.domain or ""): o.version for o in model.opset_import}
+        self.opsets.setdefault("", self.opsets.get("ai.onnx", 1))
+        self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
+        self.used_names: set[str] = set()
+        self.casts_inserted = 0
+        self.clamped: dict[str, ClampStats] = {}
+
+    # ---- names -------------------------------------------------------------------------
+    def _collect_names(self, graph: GraphProto) -> None:
+        for vi in (*graph.input, *graph.output, *graph.value_info):
+            self.used_names.add(vi.name)
+        self.used_names.update(t.name for t in graph.initializer)
+        for node in graph.node:
+            self.used_names.update(node.output)
+            self.used_names.add(node.name)
+            for _, sub in subgraphs(node):
+                self._collect_names(sub)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used_names:
+            k += 1
+            name = f"{base}_{k}"
+        self.used_names.add(name)
+        return name
+
+    # ---- sweep 1: decide ---------------------------------------------------------------
+    def decide_scope(self, scope: _Scope, types: ScopeTypes) -> None:
+        scope.quantized_inputs = {n.input[0] for n in scope.graph.node if n.op_type in QDQ_CONSUMERS and n.input}
+        for i, node in enumerate(scope.graph.node):
+            path = f"{scope.path}{i}"
+            children = []
+            for key, sub in subgraphs(node):
+                child_path = f"{path}/{key}/"
+                child = _Scope(sub, child_path, scope, types.get(child_path, {}))
+                children.append(child)
+            if children:
+                scope.children[i] = children
+            decision = self._decide(node, path, scope, has_subgraph=bool(children))
+            scope.decisions.append(decision)
+            for child in children:
+                self.decide_scope(child, types)
+                for out in child.graph.output:  # bodies hand back their original types
+                    self._want(child, out.name, child.orig_type(out.name))
+            for k, name in enumerate(node.output):
+                if not name:
+                    continue
+                scope.defined.add(name)
+                scope.producer[name] = decision
+                if k in decision.output_types:
+                    scope.storage[name] = decision.output_types[k]
+            for k, name in enumerate(node.input):
+                if name:
+                    self._want(scope, name, self._required(decision, scope, k))
+        if scope.parent is None:
+            for out in scope.graph.output:
+                elem = out.type.tensor_type.elem_type if self.options.keep_io_types else None
+                self._want(scope, out.name, elem)
+
+    def _want(self, scope: _Scope, name: str, elem: int | None) -> None:
+        """Record that a consumer reads `name` at `elem` (None: at any type)."""
+        owner = scope.owner(name)
+        if owner is not None and elem is not None:
+            owner.wants.setdefault(name, set()).add(elem)
+
+    @staticmethod
+    def _required(d: NodeDecision, scope: _Scope, k: int) -> int | None:
+        """The type node input `k` must be read at (None: any)."""
+        if k in d.input_types:
+            return d.input_types[k]
+        return scope.orig_type(d.node.input[k])
+
+    def _node_opset(self, node: NodeProto) -> int:
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        return self.opsets.get(domain, 1)
+
+    def _user_keep(self, node: NodeProto, path: str) -> str | None:
+        if path in self.options.keep_f32_paths:
+            return self.options.keep_f32_paths[path]
+        if node.op_type in self.options.keep_f32_ops:
+            return f"user: --keep-f32-op {node.op_type}"
+        for pattern in self.keep_node_patterns:
+            if node.name and pattern.search(node.name):
+                return f"user: --keep-f32-node {pattern.pattern}"
+        return None
+
+    def _decide(self, node: NodeProto, path: str, scope: _Scope, *, has_subgraph: bool) -> NodeDecision:
+        kind = kind_of(node.domain, node.op_type)
+        d = NodeDecision(path, node, kind)
+        sig = signature(node, self._node_opset(node))
+        in_types = [scope.orig_type(n) if n else None for n in node.input]
+        out_types: list[int | None] = [scope.orig.get(n) if n else None for n in node.output]
+        # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
+        if sig is not None:
+            for g in sig.groups:
+                known = [in_types[k] for k in g.inputs if in_types[k] is not None]
+                known += [out_types[k] for k in g.outputs if out_types[k] is not None]
+                single = next(iter(g.allowed)) if len(g.allowed) == 1 else None
+                elem = known[0] if known else _elem_of_type_str(single)
+                for k in g.outputs:
+                    if out_types[k] is None and elem is not None and node.output[k]:
+                        out_types[k] = elem
+                        scope.orig[node.output[k]] = elem
+        attr_source = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if attr_source:
+            value_elem = _source_elem(node, attr_source)
+            if value_elem is not None and node.output and node.output[0]:
+                out_types[0] = out_types[0] or value_elem
+                scope.orig[node.output[0]] = out_types[0]
+            d.source = True
+            return d
+        for k in ANY_FLOAT_INPUTS.get(node.op_type, ()):
+            if k < len(node.input):
+                d.input_types[k] = None
+        if node.op_type in CAST_OPS:
+            return d  # keeps its `to` (rule 4); consumers at another type get a Cast after it
+        if has_subgraph:
+            d.reason = "control-flow: interface keeps its types, bodies are rewritten"
+            return d
+        if kind is None:
+            d.reason = f"unknown op {node.domain + '.' if node.domain else ''}{node.op_type}"
+            return d
+        target = self.policy.precision_for(kind)
+        if target is Precision.F32:
+            return d
+        user = self._user_keep(node, path)
+        if user:
+            d.reason = user
+            return d
+        if scope.in_qdq_region(node):
+            d.reason = "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
+            return d
+        if sig is None:
+            d.reason = f"no schema for {node.op_type} at opset {self._node_opset(node)}"
+            return d
+        want = target.elem_type
+        blocked: list[str] = []
+        for g in sig.groups:
+            members = [in_types[k] for k in g.inputs if k not in d.input_types] + [out_types[k] for k in g.outputs]
+            known = {t for t in members if t is not None}
+            if not known or not known <= {_F32, want}:
+                continue  # non-float, unknown, or already another precision: left alone
+            if _F32 in known and _TYPE_STR[want] not in g.allowed:
+                blocked.append(g.var.split("#")[0])
+                continue
+            d.precision = target
+            for k in g.inputs:
+                if k not in d.input_types and node.input[k]:
+                    d.input_types[k] = want
+            for k in g.outputs:
+                d.output_types[k] = want
+        if d.precision is None and blocked:
+            d.reason = (
+                f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for "
+                f"{', '.join(sorted(set(blocked)))}"
+            )
+        return d
+
+    # ---- sweep 2: store ----------------------------------------------------------------
+    def _single_low(self, scope: _Scope, name: str) -> int | None:
+        wants = scope.wants.get(name, set())
+        if len(wants) == 1:
+            (elem,) = wants
+            if elem in FLOAT_TYPES and elem != _F32:
+                return elem
+        return None
+
+    def store_scope(self, scope: _Scope) -> None:
+        is_main = scope.parent is None
+        if is_main and not self.options.keep_io_types:
+            for vi in scope.graph.input:
+                if scope.orig.get(vi.name) == _F32 and (low := self._single_low(scope, vi.name)):
+                    scope.storage[vi.name] = low
+        for init in scope.graph.initializer:
+            if init.data_type == _F32 and (low := self._single_low(scope, init.name)):
+                scope.storage[init.name] = low
+        for d in scope.decisions:
+            if d.source and d.node.output and d.node.output[0]:
+                name = d.node.output[0]
+                low = self._single_low(scope, name)
+                sig = signature(d.node, self._node_opset(d.node))
+                admits = sig is None or all(_TYPE_STR.get(low or 0, "") in g.allowed for g in sig.groups if g.outputs)
+                if scope.orig.get(name) == _F32 and low and admits:
+                    scope.storage[name] = low
+                    d.precision = precision_of_elem_type(low)
+                    d.output_types[0] = low
+        for children in scope.children.values():
+            for child in children:
+                self.store_scope(child)
+
+    # ---- sweep 3: emit -----------------------------------------------------------------
+    def resolve(self, scope: _Scope, name: str, want: int | None, out: list[NodeProto]) -> str:
+        """The name under which `name` is available at type `want` in `scope`."""
+        actual = scope.renamed(name)
+        have = scope.storage_type(name)
+        if want is None or have == want or not _is_float(have) or not _is_float(want):
+            return actual
+        key = (name, want)
+        if key in scope.cast_cache:
+            return scope.cast_cache[key]
+        owner = scope.owner(name)
+        producer = owner.producer.get(name) if owner else None
+        if producer is not None and producer.node.op_type == "Cast" and producer.node.input:
+            inner = producer.node.input[0]
+            inner_type = owner.storage_type(inner) if owner else None
+            if inner_type == want and have == _F32:
+                # Cast(low -> f32) read back at low: the chain adds nothing (rule 7).
+                result = self.resolve(scope, inner, want, out)
+                scope.cast_cache[key] = result
+                return result
+        precision = precision_of_elem_type(want)
+        assert precision is not None
+        cast_out = self.fresh(f"{name}__{precision.value}")
+        out.append(helper.make_node("Cast", [actual], [cast_out], name=self.fresh(f"{cast_out}__cast"), to=want))
+        self.casts_inserted += 1
+        scope.cast_cache[key] = cast_out
+        self._value_info(scope, name, cast_out, want)
+        return cast_out
+
+    def _value_info(self, scope: _Scope, like: str, name: str, elem: int) -> None:
+        shape = self.shapes.get(like) if scope.parent is None else None
+        vi = scope.graph.value_info.add()
+        vi.name = name
+        vi.type.tensor_type.elem_type = elem
+        if shape is not None and shape.HasField("tensor_type") and shape.tensor_type.HasField("shape"):
+            vi.type.tensor_type.shape.CopyFrom(shape.tensor_type.shape)
+
+    def emit_scope(self, scope: _Scope) -> None:
+        graph = scope.graph
+        is_main = scope.parent is None
+        # Main-graph outputs computed low are renamed at their producer; the Cast back takes
+        # the original name (rule 10).
+        tail: list[NodeProto] = []
+        if is_main:
+            for out in graph.output:
+                want = out.type.tensor_type.elem_type if self.options.keep_io_types else None
+                have = scope.storage_type(out.name)
+                if want and _is_float(have) and have != want and out.name in scope.producer:
+                    precision = precision_of_elem_type(have or 0)
+                    low_name = self.fresh(f"{out.name}__{precision.value if precision else 'low'}")
+                    scope.rename[out.name] = low_name
+                    scope.cast_cache[(out.name, want)] = out.name
+                    tail.append(helper.make_node("Cast", [low_name], [out.name], name=self.fresh(f"{out.name}__cast"), to=want))
+                    self.casts_inserted += 1
+                    self._value_info(scope, out.name, low_name, have or 0)
+        new_nodes: list[NodeProto] = []
+        for i, d in enumerate(scope.decisions):
+            node = d.node
+            for child in scope.children.get(i, []):
+                self.emit_scope(child)
+            for k, name in enumerate(node.input):
+                if name:
+                    node.input[k] = self.resolve(scope, name, self._required(d, scope, k), new_nodes)
+            for k, name in enumerate(node.output):
+                if name in scope.rename:
+                    node.output[k] = scope.rename[name]
+            if d.precision is not None:
+                self._retype_attributes(d, scope)
+            new_nodes.append(node)
+        new_nodes.extend(tail)
+        if not is_main:
+            for out in graph.output:  # body outputs keep their types; they may be renamed
+                out.name = self.resolve(scope, out.name, scope.orig_type(out.name), new_nodes)
+        count = len(graph.node)
+        graph.node.extend(new_nodes)
+        del graph.node[:count]
+        self._retype_declarations(scope)
+        self._convert_initializers(scope)
+
+    def _retype_attributes(self, d: NodeDecision, scope: _Scope) -> None:
+        node = d.node
+        elem = d.precision.elem_type if d.precision else _F32
+        if d.source:
+            attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
+            self._retype_source(node, attr_name, d.precision, scope)
+            return
+        attr_name = TYPE_ATTRIBUTES.get(node.op_type)
+        if attr_name and 0 in d.output_types:
+            attrs = {a.name: a for a in node.attribute}
+            if attr_name in attrs:
+                attrs[attr_name].i = elem
+            else:
+                node.attribute.append(helper.make_attribute(attr_name, elem))
+
+    def _retype_source(self, node: NodeProto, attr_name: str, precision: Precision | None, scope: _Scope) -> None:
+        assert precision is not None
+        attrs = {a.name: a for a in node.attribute}
+        if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR:
+            tensor = attrs[attr_name].t
+            array = self.source.read(tensor)
+            low, stats = narrow(array, precision)
+            self._record_clamp(node.output[0], stats)
+            self.sink.store(tensor, low, precision.elem_type)
+            return
+        # value_float(s) or a ConstantOfShape without value (0.0): becomes a typed tensor.
+        if "value_float" in attrs:
+            values, dims = [attrs["value_float"].f], []
+        elif "value_floats" in attrs:
+            values, dims = list(attrs["value_floats"].floats), [len(attrs["value_floats"].floats)]
+        else:
+            values, dims = [0.0], [1]
+        import numpy as np
+
+        low, stats = narrow(np.array(values, dtype=np.float32).reshape(dims), precision)
+        self._record_clamp(node.output[0], stats)
+        for a in ("value_float", "value_floats", attr_name):
+            if a in attrs:
+                node.attribute.remove(attrs[a])
+        tensor = onnx.TensorProto(name=node.output[0], dims=dims)
+        self.sink.store(tensor, low, precision.elem_type)
+        node.attribute.append(helper.make_attribute(attr_name, tensor))
+
+    def _record_clamp(self, name: str, stats: ClampStats) -> None:
+        if stats.clamped or stats.flushed:
+            self.clamped[name] = stats
+            if stats.clamped:
+                logger.info("%s: %d values clamped (worst %g)", name, stats.clamped, stats.worst)
+
+    def _retype_declarations(self, scope: _Scope) -> None:
+        graph = scope.graph
+        for vi in graph.value_info:
+            elem = scope.storage.get(vi.name)
+            if elem and vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.elem_type = elem
+        if scope.parent is None and not self.options.keep_io_types:
+            for vi in (*graph.input, *graph.output):
+                elem = scope.storage_type(vi.name)
+                if elem and vi.type.HasField("tensor_type") and _is_float(elem):
+                    vi.type.tensor_type.elem_type = elem
+        # IR < 4: initializers are also graph inputs; their declaration follows the weight.
+        inits = {t.name for t in graph.initializer}
+        for vi in graph.input:
+            if vi.name in inits and vi.name in scope.storage:
+                vi.type.tensor_type.elem_type = scope.storage[vi.name]
+
+    def _convert_initializers(self, scope: _Scope) -> None:
+        for init in scope.graph.initializer:
+            before = _tensor_bytes(init)
+            self.report.initializer_bytes_before += before
+            target = scope.storage.get(init.name)
+            if not self.weights:
+                if target is not None and target != init.data_type:
+                    precision = precision_of_elem_type(target)
+                    self.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize if precision else before
+                else:
+                    self.report.initializer_bytes_after += before
+                continue
+            if target is not None and target != init.data_type:
+                precision = precision_of_elem_type(target)
+                assert precision is not None
+                low, stats = narrow(self.source.read(init), precision)
+                self._record_clamp(init.name, stats)
+                self.sink.store(init, low, target)
+                self.report.initializer_bytes_after += low.nbytes
+            else:
+                self.sink.copy_through(init, self.source)
+                self.report.initializer_bytes_after += before
+
+    # ---- driver ------------------------------------------------------------------------
+    def run(self) -> None:
+        self._collect_names(self.model.graph)
+        types, self.shapes = infer_types(self.model)
+        main = _Scope(self.model.graph, "", None, types.get("", {}))
+        self.decide_scope(main, types)
+        self.store_scope(main)
+        self.emit_scope(main)
+        self._fill_report(main)
+
+    def _fill_report(self, main: _Scope) -> None:
+        report = self.report
+        for d, scope in _walk(main):
+            prec = _reported_precision(d, scope)
+            report.count_node(d.kind, (f"{d.node.domain}." if d.node.domain not in ('', 'ai.onnx') else '') + d.node.op_type, prec)
+            if d.reason:
+                report.kept_f32.append(KeptNode(d.label, d.node.op_type, d.reason, d.path))
+        report.casts_inserted = self.casts_inserted
+        report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
+        report.unknown_ops = sorted(Counter(
+            f"{d.node.domain + '.' if d.node.domain else ''}{d.node.op_type}" for d, _ in _walk(main) if d.kind is None
+        ))
+        report.decisions = {d.path: (prec if (prec := _reported_precision(d, s)) else "none") for d, s in _walk(main)}
+
+
+def _walk(scope: _Scope) -> Iterator[tuple[NodeDecision, _Scope]]:
+    for i, d in enumerate(scope.decisions):
+        yield d, scope
+        for child in scope.children.get(i, []):
+            yield from _walk(child)
+
+
+def _reported_precision(d: NodeDecision, scope: _Scope) -> str | None:
+    if d.precision is not None:
+        return d.precision.value
+    types = [scope.storage_type(n) for n in (*d.node.output, *d.node.input) if n]
+    floats = [t for t in types if _is_float(t)]
+    if not floats:
+        return None
+    outs = [scope.storage_type(n) for n in d.node.output if n and _is_float(scope.storage_type(n))]
+    chosen = precision_of_elem_type((outs or floats)[0] or 0)
+    return chosen.value if chosen else None
+
+
+def _elem_of_type_str(type_str: str | None) -> int | None:
+    if not type_str or not type_str.startswith("tensor("):
+        return None
+    name = type_str[len("tensor("):-1]
+    table = {"float": _F32, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "double": TensorProto.DOUBLE,
+             "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL, "int8": TensorProto.INT8,
+             "uint8": TensorProto.UINT8, "string": TensorProto.STRING}
+    return table.get(name)
+
+
+def _source_elem(node: NodeProto, attr_name: str) -> int | None:
+    for a in node.attribute:
+        if a.name == attr_name and a.type == onnx.AttributeProto.TENSOR:
+            return a.t.data_type
+        if a.name in ("value_float", "value_floats"):
+            return _F32
+    if node.op_type == "ConstantOfShape":
+        return _F32  # default value is a float 0
+    return None
+
+
+def _tensor_bytes(tensor: TensorProto) -> int:
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    try:
+        return n * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError):
+        return len(tensor.raw_data)
+
+
+def convert_model(
+    model: ModelProto,
+    policy: Policy | str = "auto-mixed",
+    options: ConvertOptions | None = None,
+    *,
+    source: WeightSource | None = None,
+    sink: WeightSink | None = None,
+    report: ConversionReport | None = None,
+    weights: bool = True,
+) -> ConversionReport:
+    """Rewrite `model` in place under `policy`; returns the conversion report.
+
+    With `weights=False` initializers are left as they are (a dry run for `inspect`).
+    """
+    if isinstance(policy, str):
+        policy = policy_from_name(policy)
+    options = options or ConvertOptions()
+    report = report or ConversionReport()
+    report.policy = policy
+    if not model.graph.node and not model.graph.output:
+        raise InputError(f"{report.model or 'model'}: the graph is empty")
+    converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights)
+    converter.run()
+    return report
+
+
+def iter_nodes(graph: GraphProto) -> Iterable[NodeProto]:
+    """Every node of a graph and of its bodies."""
+    for node in graph.node:
+        yield node
+        for _, sub in subgraphs(node):
+            yield from iter_nodes(sub)

@@ -1,0 +1,26 @@
+"""Exceptions. `AmpError` and its subclasses are user errors: the CLI prints their message on
+one line and exits with their `exit_code`. Anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+__all__ = ["AmpError", "InputError", "ModelRunError", "PolicyError"]
+
+
+class AmpError(Exception):
+    """A problem with the user's input or request."""
+
+    exit_code = 2
+
+
+class InputError(AmpError):
+    """A model file, input file or output path that cannot be used."""
+
+
+class PolicyError(AmpError):
+    """An unknown policy, kind or precision, or a malformed custom map."""
+
+
+class ModelRunError(AmpError):
+    """onnxruntime could not create a session for, or run, a model."""
+
+    exit_code = 3

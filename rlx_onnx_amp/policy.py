@@ -1,0 +1,109 @@
+"""Precision policies: a declarative map from op kind to precision (design.md section 1)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from rlx_onnx_amp.errors import PolicyError
+from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.taxonomy import OpKind
+
+__all__ = ["POLICY_NAMES", "Policy", "parse_kind_map", "policy_from_name"]
+
+_K = OpKind
+_F32, _F16, _BF16 = Precision.F32, Precision.F16, Precision.BF16
+
+#: The preset policies, straight from the seed's `precision_for` (the code is the spec).
+_PRESETS: Mapping[str, Mapping[OpKind, Precision]] = {
+    "always-f32": {},
+    "always-f16": {_K.COMPUTE: _F16, _K.REDUCTION: _F16, _K.ELEMENTWISE: _F16, _K.DATA_MOVEMENT: _F16},
+    "auto-mixed-conservative": {_K.ELEMENTWISE: _F16},
+    "auto-mixed": {_K.REDUCTION: _F16, _K.ELEMENTWISE: _F16},
+    "auto-mixed-bf16": {
+        _K.COMPUTE: _BF16, _K.REDUCTION: _BF16, _K.ELEMENTWISE: _BF16, _K.DATA_MOVEMENT: _BF16,
+    },
+}
+
+POLICY_NAMES: tuple[str, ...] = (*_PRESETS, "custom")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which precision each op kind runs at. Kinds not in `kinds` stay f32; Boundary is
+    always f32 (user-facing values keep their type)."""
+
+    name: str
+    kinds: Mapping[OpKind, Precision] = field(default_factory=dict)
+
+    def precision_for(self, kind: OpKind) -> Precision:
+        if kind is OpKind.BOUNDARY:
+            return Precision.F32
+        return self.kinds.get(kind, Precision.F32)
+
+    @property
+    def low_precisions(self) -> frozenset[Precision]:
+        return frozenset(p for p in self.kinds.values() if p is not Precision.F32)
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "kinds": {k.value: self.precision_for(k).value for k in OpKind}}
+
+
+_KIND_ALIASES = {k.value: k for k in OpKind} | {"data_movement": OpKind.DATA_MOVEMENT, "data-movement": OpKind.DATA_MOVEMENT}
+_PRECISION_ALIASES = {p.value: p for p in Precision} | {
+    "fp32": _F32, "float32": _F32, "float": _F32, "fp16": _F16, "float16": _F16, "half": _F16,
+    "bfloat16": _BF16,
+}
+
+
+def _kind_precision(kind: str, precision: str, where: str) -> tuple[OpKind, Precision]:
+    k = _KIND_ALIASES.get(kind.strip().lower())
+    if k is None:
+        raise PolicyError(f"{where}: unknown kind {kind!r} (known: {', '.join(x.value for x in OpKind)})")
+    p = _PRECISION_ALIASES.get(str(precision).strip().lower())
+    if p is None:
+        raise PolicyError(f"{where}: unknown precision {precision!r} for {kind} (known: f32, f16, bf16)")
+    return k, p
+
+
+def parse_kind_map(text: str) -> dict[OpKind, Precision]:
+    """Parse `compute=f16,reduction=f32,...` into a kind map."""
+    result: dict[OpKind, Precision] = {}
+    for item in filter(None, (s.strip() for s in re.split(r"[,\s]+", text))):
+        if "=" not in item:
+            raise PolicyError(f"--map: expected KIND=PRECISION, got {item!r}")
+        k, p = _kind_precision(*item.split("=", 1), where="--map")
+        result[k] = p
+    return result
+
+
+def load_kind_map_file(path: Path) -> dict[OpKind, Precision]:
+    """Read a kind map from a JSON or TOML file with the same keys as `--map`."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read map file ({e.strerror})") from None
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as e:
+        raise PolicyError(f"{path}: not a valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'} map ({e})") from None
+    if not isinstance(data, dict):
+        raise PolicyError(f"{path}: expected a table of kind = precision")
+    return dict(_kind_precision(str(k), str(v), where=str(path)) for k, v in data.items())
+
+
+def policy_from_name(name: str, kind_map: Mapping[OpKind, Precision] | None = None) -> Policy:
+    """Build a policy by CLI name; `custom` needs `kind_map`."""
+    if name == "custom":
+        if kind_map is None:
+            raise PolicyError("policy 'custom' needs --map or --map-file")
+        return Policy("custom", dict(kind_map))
+    if kind_map:
+        raise PolicyError(f"--map/--map-file only go with --policy custom, not {name!r}")
+    if name not in _PRESETS:
+        raise PolicyError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+    return Policy(name, _PRESETS[name])

@@ -1,0 +1,82 @@
+"""Numeric precisions the rewrite targets, as data.
+
+Everything the converter and the verifier need to know about one precision lives in its
+`PrecisionInfo` record: the ONNX element type, the numpy dtype used to narrow weights, the
+finite range used for clamping, and the default drift tolerances. Adding a precision is one
+more record.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto
+
+__all__ = ["FLOAT_TYPES", "PRECISIONS", "Precision", "PrecisionInfo", "precision_of_elem_type"]
+
+
+class Precision(str, enum.Enum):
+    """A floating-point precision a node can run at."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+
+    @property
+    def info(self) -> PrecisionInfo:
+        return PRECISIONS[self]
+
+    @property
+    def elem_type(self) -> int:
+        return PRECISIONS[self].elem_type
+
+
+@dataclass(frozen=True)
+class PrecisionInfo:
+    """Facts about one precision."""
+
+    precision: Precision
+    elem_type: int  # onnx.TensorProto.DataType
+    type_str: str  # as written in ONNX type constraints
+    np_dtype: np.dtype
+    max_finite: float
+    smallest_subnormal: float
+    # Default drift tolerances for a candidate computed at this precision (see README).
+    atol: float
+    rtol: float
+    min_cosine: float
+
+
+PRECISIONS: Mapping[Precision, PrecisionInfo] = {
+    Precision.F32: PrecisionInfo(
+        Precision.F32, TensorProto.FLOAT, "tensor(float)", np.dtype(np.float32),
+        float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal),
+        atol=1e-4, rtol=1e-4, min_cosine=0.99999,
+    ),
+    Precision.F16: PrecisionInfo(
+        Precision.F16, TensorProto.FLOAT16, "tensor(float16)", np.dtype(np.float16),
+        65504.0, float(np.finfo(np.float16).smallest_subnormal),
+        atol=1e-2, rtol=1e-2, min_cosine=0.999,
+    ),
+    Precision.BF16: PrecisionInfo(
+        Precision.BF16, TensorProto.BFLOAT16, "tensor(bfloat16)", np.dtype(ml_dtypes.bfloat16),
+        float(ml_dtypes.finfo(ml_dtypes.bfloat16).max),
+        float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
+        atol=5e-2, rtol=5e-2, min_cosine=0.995,
+    ),
+}
+
+#: Element types the converter may retype. Everything else (integers, bool, strings, double,
+#: packed and fp8 types) is never touched.
+FLOAT_TYPES = frozenset(info.elem_type for info in PRECISIONS.values())
+
+_BY_ELEM_TYPE = {info.elem_type: p for p, info in PRECISIONS.items()}
+
+
+def precision_of_elem_type(elem_type: int) -> Precision | None:
+    """The precision of an ONNX element type, or None for a type we never retype."""
+    return _BY_ELEM_TYPE.get(elem_type)

@@ -1,0 +1,74 @@
+"""The conversion report: what the rewrite did, as data with stable JSON keys (see README)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlx_onnx_amp.taxonomy import OpKind
+
+__all__ = ["ConversionReport", "KeptNode"]
+
+
+@dataclass(frozen=True)
+class KeptNode:
+    """A node left in its original (f32) types although the policy wanted it lower."""
+
+    node: str
+    op: str
+    reason: str
+    path: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"node": self.node, "op": self.op, "reason": self.reason, "path": self.path}
+
+
+@dataclass
+class ConversionReport:
+    model: str = ""
+    output: str = ""
+    policy: Any = None  # rlx_onnx_amp.policy.Policy
+    nodes_total: int = 0
+    by_precision: dict[str, int] = field(default_factory=lambda: {"f32": 0, "f16": 0, "bf16": 0, "none": 0})
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_op: dict[str, dict[str, int]] = field(default_factory=dict)
+    casts_inserted: int = 0
+    kept_f32: list[KeptNode] = field(default_factory=list)
+    clamped: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    initializer_bytes_before: int = 0
+    initializer_bytes_after: int = 0
+    unknown_ops: list[str] = field(default_factory=list)
+    #: Node path -> precision the node ended at ("none" for nodes without float values).
+    decisions: dict[str, str] = field(default_factory=dict)
+    verify: dict[str, Any] | None = None
+    repair: dict[str, Any] | None = None
+
+    def count_node(self, kind: OpKind | None, op: str, precision: str | None) -> None:
+        key = precision or "none"
+        per_op = self.by_op.setdefault(op, {})
+        per_op[key] = per_op.get(key, 0) + 1
+        self.nodes_total += 1
+        self.by_precision[key] = self.by_precision.get(key, 0) + 1
+        kind_key = kind.value if kind else "unknown"
+        per_kind = self.by_kind.setdefault(kind_key, {})
+        per_kind[key] = per_kind.get(key, 0) + 1
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "model": self.model,
+            "output": self.output,
+            "policy": self.policy.to_json() if self.policy is not None else None,
+            "nodes": {"total": self.nodes_total, "by_precision": dict(self.by_precision)},
+            "by_kind": self.by_kind,
+            "by_op": self.by_op,
+            "casts_inserted": self.casts_inserted,
+            "kept_f32": [k.to_json() for k in self.kept_f32],
+            "clamped": self.clamped,
+            "initializer_bytes": {"before": self.initializer_bytes_before, "after": self.initializer_bytes_after},
+            "unknown_ops": self.unknown_ops,
+        }
+        if self.verify is not None:
+            data["verify"] = self.verify
+        if self.repair is not None:
+            data["repair"] = self.repair
+        return data

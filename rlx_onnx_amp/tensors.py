@@ -1,0 +1,201 @@
+"""Reading, narrowing and writing weight tensors, inline or as external data.
+
+Weights are read one tensor at a time (`WeightSource`) and written one tensor at a time
+(`WeightSink`), so a model stored with external data converts in memory bounded by its largest
+tensor. Both the in-memory and the streaming path narrow through `narrow()`, so they give the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.precision import Precision, precision_of_elem_type
+
+__all__ = ["ClampStats", "ExternalSink", "InlineSink", "WeightSource", "WeightSink", "narrow"]
+
+logger = logging.getLogger(__name__)
+
+# Align tensors in the external data file like onnx's own writer does for large tensors.
+_ALIGN = 4096
+
+
+@dataclass
+class ClampStats:
+    """What narrowing did to one tensor's values."""
+
+    clamped: int = 0  # finite values past the target's range, set to its largest finite value
+    worst: float = 0.0  # the value of largest magnitude that was clamped
+    flushed: int = 0  # non-zero values that became zero
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"clamped": self.clamped, "worst": self.worst, "flushed_to_zero": self.flushed}
+
+
+def narrow(array: np.ndarray, precision: Precision) -> tuple[np.ndarray, ClampStats]:
+    """Convert a float array to `precision`, clamping finite values to its range."""
+    info = precision.info
+    stats = ClampStats()
+    if array.dtype == info.np_dtype:
+        return array, stats
+    src = array.astype(np.float32, copy=False)
+    if src.size:
+        finite_over = np.abs(src) > info.max_finite
+        finite_over &= np.isfinite(src)
+        stats.clamped = int(np.count_nonzero(finite_over))
+        if stats.clamped:
+            over = src[finite_over]
+            stats.worst = float(over[np.argmax(np.abs(over))])
+            src = np.clip(src, -info.max_finite, info.max_finite)
+    out = src.astype(info.np_dtype)
+    if src.size:
+        stats.flushed = int(np.count_nonzero((out == 0) & (src != 0)))
+    return out, stats
+
+
+def _external_info(tensor: TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+class WeightSource:
+    """Reads tensors of one model, inline or from external data files beside it."""
+
+    def __init__(self, base_dir: str | os.PathLike[str] | None, model_name: str = "model") -> None:
+        self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.model_name = model_name
+
+    def external_path(self, tensor: TensorProto) -> Path:
+        info = _external_info(tensor)
+        if self.base_dir is None:
+            raise InputError(f"{self.model_name}: tensor {tensor.name!r} has external data but no base directory was given")
+        return self.base_dir / info["location"]
+
+    def check(self, tensor: TensorProto) -> None:
+        """Raise InputError when a tensor's external data is missing or short."""
+        if not is_external(tensor):
+            return
+        info = _external_info(tensor)
+        path = self.external_path(tensor)
+        if not path.is_file():
+            raise InputError(f"{self.model_name}: external data file {info['location']!r} for tensor {tensor.name!r} not found")
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+        if offset + length > path.stat().st_size:
+            raise InputError(
+                f"{self.model_name}: external data file {info['location']!r} is too short for tensor "
+                f"{tensor.name!r} (needs bytes {offset}..{offset + length}, file has {path.stat().st_size})"
+            )
+
+    def read(self, tensor: TensorProto) -> np.ndarray:
+        if not is_external(tensor):
+            return numpy_helper.to_array(tensor)
+        self.check(tensor)
+        info = _external_info(tensor)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        array = np.fromfile(self.external_path(tensor), dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+        return array.reshape(tuple(tensor.dims))
+
+    def read_bytes(self, tensor: TensorProto) -> bytes:
+        self.check(tensor)
+        info = _external_info(tensor)
+        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+        with open(self.external_path(tensor), "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            return f.read(length)
+
+
+def _nbytes(tensor: TensorProto) -> int:
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+def set_array(tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
+    """Replace a tensor's data (inline) with `array`, stored as `elem_type`."""
+    tensor.ClearField("float_data")
+    tensor.ClearField("int32_data")
+    tensor.ClearField("external_data")
+    tensor.data_location = TensorProto.DEFAULT
+    tensor.data_type = elem_type
+    tensor.raw_data = np.ascontiguousarray(array).tobytes()
+
+
+class WeightSink:
+    """Where narrowed (or copied) tensors go. The default keeps them inline."""
+
+    def store(self, tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
+        set_array(tensor, array, elem_type)
+
+    def copy_through(self, tensor: TensorProto, source: WeightSource) -> None:
+        """An unconverted tensor: bring its data into the output unchanged."""
+        if is_external(tensor):
+            data = source.read_bytes(tensor)
+            tensor.ClearField("external_data")
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = data
+
+    def close(self) -> None:
+        """Flush what the sink holds."""
+
+
+InlineSink = WeightSink
+
+
+class ExternalSink(WeightSink):
+    """Appends tensors of at least `threshold` bytes to one external data file."""
+
+    def __init__(self, path: Path, location: str, threshold: int = 1024) -> None:
+        self.path = path
+        self.location = location
+        self.threshold = threshold
+        self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._offset = 0
+
+    def _append(self, tensor: TensorProto, data: bytes | memoryview) -> None:
+        pad = (-self._offset) % _ALIGN
+        if pad:
+            self._file.write(b"\0" * pad)
+            self._offset += pad
+        self._file.write(data)
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+        tensor.ClearField("external_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(self._offset)), ("length", str(len(data)))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self._offset += len(data)
+
+    def store(self, tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
+        data = np.ascontiguousarray(array)
+        if data.nbytes < self.threshold:
+            set_array(tensor, data, elem_type)
+            return
+        tensor.data_type = elem_type
+        self._append(tensor, memoryview(data.reshape(-1).view(np.uint8)))
+
+    def copy_through(self, tensor: TensorProto, source: WeightSource) -> None:
+        if is_external(tensor):
+            self._append(tensor, source.read_bytes(tensor))
+        elif _nbytes(tensor) >= self.threshold and tensor.HasField("raw_data"):
+            self._append(tensor, tensor.raw_data)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def elem_precision(tensor: TensorProto) -> Precision | None:
+    return precision_of_elem_type(tensor.data_type)
