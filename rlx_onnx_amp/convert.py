@@ -38,9 +38,9 @@ from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import signature
-from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, CAST_OPS, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
+from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow
-from rlx_onnx_amp.types import ScopeTypes, infer_types, subgraphs
+from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, infer_types, subgraphs
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -266,8 +266,11 @@ class _Converter:
         for k in ANY_FLOAT_INPUTS.get(node.op_type, ()):
             if k < len(node.input):
                 d.input_types[k] = None
-        if node.op_type in CAST_OPS:
+        if node.op_type in FIXED_TYPE_OPS:
             return d  # keeps its `to` (rule 4); consumers at another type get a Cast after it
+        if NON_TENSOR in in_types or NON_TENSOR in out_types:
+            d.reason = "sequence/optional values keep their types"
+            return d
         if has_subgraph:
             d.reason = "control-flow: interface keeps its types, bodies are rewritten"
             return d
@@ -281,6 +284,10 @@ class _Converter:
         if user:
             d.reason = user
             return d
+        gap = _kernel_gap(node)
+        if gap:
+            d.reason = f"kernel: {gap}"
+            return d
         if scope.in_qdq_region(node):
             d.reason = "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
             return d
@@ -289,7 +296,10 @@ class _Converter:
             return d
         want = target.elem_type
         blocked: list[str] = []
+        fixed_vars = ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else frozenset()
         for g in sig.groups:
+            if g.var in fixed_vars:
+                continue
             members = [in_types[k] for k in g.inputs if k not in d.input_types] + [out_types[k] for k in g.outputs]
             known = {t for t in members if t is not None}
             if not known or not known <= {_F32, want}:
@@ -414,7 +424,12 @@ class _Converter:
         new_nodes.extend(tail)
         if not is_main:
             for out in graph.output:  # body outputs keep their types; they may be renamed
-                out.name = self.resolve(scope, out.name, scope.orig_type(out.name), new_nodes)
+                want = scope.orig_type(out.name)
+                resolved = self.resolve(scope, out.name, want, new_nodes)
+                if resolved != out.name:
+                    out.name = resolved
+                    if not out.type.HasField("tensor_type") and want is not None:
+                        out.type.tensor_type.elem_type = want
         count = len(graph.node)
         graph.node.extend(new_nodes)
         del graph.node[:count]
@@ -428,6 +443,11 @@ class _Converter:
             attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
             self._retype_source(node, attr_name, d.precision, scope)
             return
+        for attr in node.attribute:
+            if attr.name in TYPED_TENSOR_ATTRIBUTES.get(node.op_type, ()) and attr.t.data_type == _F32 and d.precision:
+                low, stats = narrow(self.source.read(attr.t), d.precision)
+                self._record_clamp(f"{d.label}.{attr.name}", stats)
+                self.sink.store(attr.t, low, d.precision.elem_type)
         attr_name = TYPE_ATTRIBUTES.get(node.op_type)
         if attr_name and 0 in d.output_types:
             attrs = {a.name: a for a in node.attribute}
@@ -518,7 +538,21 @@ class _Converter:
         self.decide_scope(main, types)
         self.store_scope(main)
         self.emit_scope(main)
+        if self.casts_inserted:
+            self._ensure_default_opset()
         self._fill_report(main)
+
+    def _ensure_default_opset(self) -> None:
+        """Inserted Casts live in the default domain; a model that imports only another domain
+        (ai.onnx.ml) gets the default-domain opset released with it."""
+        if "" in {o.domain for o in self.model.opset_import} | {"ai.onnx"} & {o.domain for o in self.model.opset_import}:
+            return
+        ml = self.opsets.get("ai.onnx.ml")
+        ir = self.model.ir_version
+        rows = [row for row in helper.VERSION_TABLE if row[1] <= ir and (ml is None or row[3] == ml)]
+        version = max((row[2] for row in rows), default=1)
+        self.model.opset_import.append(helper.make_opsetid("", version))
+        logger.info("added an import of the default domain at opset %d for the inserted Casts", version)
 
     def _fill_report(self, main: _Scope) -> None:
         report = self.report
@@ -552,6 +586,19 @@ def _reported_precision(d: NodeDecision, scope: _Scope) -> str | None:
     outs = [scope.storage_type(n) for n in d.node.output if n and _is_float(scope.storage_type(n))]
     chosen = precision_of_elem_type((outs or floats)[0] or 0)
     return chosen.value if chosen else None
+
+
+def _kernel_gap(node: NodeProto) -> str | None:
+    gap = KERNEL_GAPS.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
+    if gap is None:
+        return None
+    attr_name, values, reason = gap
+    if attr_name is None:
+        return reason
+    for a in node.attribute:
+        if a.name == attr_name and a.s.decode() in values:
+            return reason
+    return None
 
 
 def _elem_of_type_str(type_str: str | None) -> int | None:

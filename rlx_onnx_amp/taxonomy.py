@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Mapping
 
-__all__ = ["ANY_FLOAT_INPUTS", "CAST_OPS", "QDQ_CONSUMERS", "QDQ_PRODUCERS", "OP_KINDS", "OpKind", "SOURCE_VALUE_ATTRIBUTES", "TYPE_ATTRIBUTES", "kind_of"]
+__all__ = ["ANY_FLOAT_INPUTS", "ATTRIBUTE_TYPED_VARS", "FIXED_TYPE_OPS", "KERNEL_GAPS", "TYPED_TENSOR_ATTRIBUTES", "QDQ_CONSUMERS", "QDQ_PRODUCERS", "OP_KINDS", "OpKind", "SOURCE_VALUE_ATTRIBUTES", "TYPE_ATTRIBUTES", "kind_of"]
 
 
 class OpKind(str, enum.Enum):
@@ -448,8 +448,32 @@ def kind_of(domain: str, op_type: str) -> OpKind | None:
     return OP_KINDS.get((domain, op_type))
 
 
-#: Ops whose output type is the user's explicit choice: they keep it under every policy (rule 4).
-CAST_OPS: frozenset[str] = frozenset({"Cast", "CastLike"})
+#: Ops whose types are their meaning: a Cast's `to` is the user's explicit choice (rule 4) and
+#: BitCast reinterprets bits, so these keep their types under every policy.
+FIXED_TYPE_OPS: frozenset[str] = frozenset({"BitCast", "Cast", "CastLike"})
+
+#: Type variables whose type an attribute fixes (LayerNormalization's Mean/InvStdDev follow
+#: `stash_type`): never retyped, whatever their constraint admits.
+ATTRIBUTE_TYPED_VARS: Mapping[str, frozenset[str]] = {
+    "LayerNormalization": frozenset({"U"}),
+}
+
+#: Tensor attributes whose element type must match the node's float inputs (design rule 9):
+#: converted with the node when it is lowered.
+TYPED_TENSOR_ATTRIBUTES: Mapping[str, tuple[str, ...]] = {
+    "TreeEnsemble": ("leaf_weights", "membership_values", "nodes_splits"),
+}
+
+#: Known onnxruntime kernel gaps: ops (optionally only with one of the listed values of an
+#: attribute) that onnxruntime cannot run in f16/bf16 although the ONNX schema admits it. A node
+#: that matches keeps its types, with this reason in the report.
+KERNEL_GAPS: Mapping[tuple[str, str], tuple[str | None, frozenset[str], str]] = {
+    ("", "EyeLike"): (None, frozenset(), "onnxruntime has no f16/bf16 EyeLike kernel"),
+    ("", "MeanVarianceNormalization"): (None, frozenset(), "onnxruntime has no f16/bf16 kernel and its function expansion mixes types"),
+    ("", "ScatterElements"): ("reduction", frozenset({"add", "mul", "max", "min"}), "onnxruntime CPU has no f16 reduction for ScatterElements"),
+    ("ai.onnx.ml", "TreeEnsemble"): (None, frozenset(), "onnxruntime's TreeEnsemble kernel is float-only and cannot cast its tensor attributes"),
+    ("", "ScatterND"): ("reduction", frozenset({"add", "mul", "max", "min"}), "onnxruntime CPU has no f16 reduction for ScatterND"),
+}
 
 #: Ops that mark the edges of a quantized (QDQ) region: onnxruntime fuses
 #: DequantizeLinear -> op -> QuantizeLinear into an integer kernel, so an op that reads a

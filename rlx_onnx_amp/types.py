@@ -13,13 +13,16 @@ import onnx
 import onnx.shape_inference
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-__all__ = ["ScopeTypes", "infer_types", "subgraphs"]
+__all__ = ["NON_TENSOR", "ScopeTypes", "infer_types", "subgraphs"]
 
 logger = logging.getLogger(__name__)
 
 # Initializers up to this many elements keep their data in the structure copy, so shape
 # inference can still read shapes and axes from them.
 _KEEP_DATA_ELEMENTS = 1 << 16
+
+#: The "element type" recorded for sequence, optional and map values: never retyped.
+NON_TENSOR = -1
 
 #: Element types of the values of each graph scope, keyed by scope path.
 ScopeTypes = dict[str, dict[str, int]]
@@ -65,6 +68,8 @@ def _collect(graph: GraphProto, path: str, out: ScopeTypes) -> None:
     for vi in (*graph.input, *graph.value_info, *graph.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
+        elif vi.type.WhichOneof("value") in ("sequence_type", "optional_type", "map_type"):
+            types[vi.name] = NON_TENSOR
     out[path] = types
     for i, node in enumerate(graph.node):
         for key, sub in subgraphs(node):

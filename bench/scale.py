@@ -1,0 +1,441 @@
+"""Time rlx-amp against a floor and two peer float16 converters, each in its own subprocess.
+
+Two modes:
+
+    # weights: a model with external data (e.g. bench/export_llama.py's output)
+    python bench/scale.py --model /work/bench_data/llama/llama.onnx
+
+    # graph size: synthetic graphs of N nodes, rlx-amp --policy auto-mixed on each
+    python bench/scale.py --nodes 10000,50000,200000
+
+Contenders (--contenders, comma separated):
+  floor  reads every float tensor of the external data once (np.fromfile per tensor) and
+         writes its float16 copy once (ndarray.tofile) to a new file; no graph work
+  rlx    `rlx-amp MODEL --policy P -o OUT -q` (always-f16 for --model, auto-mixed for --nodes)
+  occ    onnxconverter_common.float16.convert_float_to_float16_model_path(MODEL, keep_io_types=True)
+         then onnx.save(..., save_as_external_data=True) when the input has external data
+  ort    onnxruntime.transformers.float16.convert_float_to_float16(MODEL path, keep_io_types=True)
+         then onnx.save likewise
+
+Measurement: each contender runs as
+    /usr/bin/time -v -o TIMEFILE prlimit --as=MEM -- timeout -s KILL T  CMD...
+Wall time is taken around that subprocess (perf_counter); peak RSS is /usr/bin/time's
+"Maximum resident set size" (the largest single process of the tree, from wait4 rusage).
+A contender that exceeds the address-space limit, crashes or times out is recorded with that
+status, not retried.
+
+Page cache: the cache cannot be dropped here (no permission on /proc/sys/vm/drop_caches), so
+every contender gets the same warm-up instead: previous outputs are deleted, `sync` runs, then
+the input model and its data file are read once (cat > /dev/null) so each contender starts with
+the input in the page cache. Output writes land in the page cache; the `sync` that follows each
+contender is timed separately (sync_s) and not included in wall_s.
+
+JSON goes to bench/out/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT_JSON_DIR = HERE / "out"
+DEFAULT_WORK = Path("/work/bench_data")
+
+
+# ---------------------------------------------------------------------------------------------
+# workers (run in the child process)
+# ---------------------------------------------------------------------------------------------
+def _has_external(model) -> bool:  # noqa: ANN001
+    import onnx
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def worker_floor(inp: str, out: str) -> None:
+    import numpy as np
+    import onnx
+
+    src = Path(inp)
+    model = onnx.load(str(src), load_external_data=False)
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                tensors.append(a.t)
+    n = nbytes_in = nbytes_out = 0
+    with open(out + ".data", "wb") as f:
+        for t in tensors:
+            if t.data_location != onnx.TensorProto.EXTERNAL or t.data_type != onnx.TensorProto.FLOAT:
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            count = 1
+            for d in t.dims:
+                count *= d
+            a = np.fromfile(src.parent / info["location"], dtype=np.float32, count=count, offset=int(info.get("offset", 0)))
+            h = a.astype(np.float16)
+            h.tofile(f)
+            n += 1
+            nbytes_in += a.nbytes
+            nbytes_out += h.nbytes
+    print(json.dumps({"tensors": n, "bytes_in": nbytes_in, "bytes_out": nbytes_out}))
+
+
+def _save(model, inp: str, out: str) -> None:  # noqa: ANN001
+    import onnx
+
+    src = onnx.load(inp, load_external_data=False)
+    if _has_external(src) or model.ByteSize() > 1_800_000_000:
+        onnx.save(model, out, save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=Path(out).name + ".data", size_threshold=1024)
+    else:
+        onnx.save(model, out)
+
+
+def worker_occ(inp: str, out: str) -> None:
+    from onnxconverter_common import float16
+
+    model = float16.convert_float_to_float16_model_path(inp, keep_io_types=True)
+    _save(model, inp, out)
+
+
+def worker_ort(inp: str, out: str) -> None:
+    from onnxruntime.transformers import float16
+
+    model = float16.convert_float_to_float16(inp, keep_io_types=True)
+    _save(model, inp, out)
+
+
+WORKERS = {"floor": worker_floor, "occ": worker_occ, "ort": worker_ort}
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic graphs
+# ---------------------------------------------------------------------------------------------
+BLOCK_OPS = ["Constant", "Reshape", "MatMul", "Add", "Relu", "LayerNormalization", "Softmax", "Constant", "Mul", "Add"]
+
+
+def build_chain(n_nodes: int, path: Path, width: int = 8) -> dict:
+    """A chain of blocks of 10 nodes on [1, width] tensors:
+    Constant(shape) -> Reshape -> MatMul(W_i) -> Add(b_i) -> Relu -> LayerNormalization ->
+    Softmax -> Mul(Constant scalar) -> Add(residual). Each block has its own W_i and b_i."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    blocks = max(1, n_nodes // len(BLOCK_OPS))
+    nodes, inits = [], []
+    gamma = numpy_helper.from_array(np.ones(width, np.float32), "gamma")
+    beta = numpy_helper.from_array(np.zeros(width, np.float32), "beta")
+    inits += [gamma, beta]
+    shape = numpy_helper.from_array(np.array([1, width], np.int64), "shape_value")
+    x = "x"
+    for i in range(blocks):
+        p = f"b{i}_"
+        w = numpy_helper.from_array((rng.standard_normal((width, width)) * 0.1).astype(np.float32), p + "W")
+        b = numpy_helper.from_array((rng.standard_normal(width) * 0.1).astype(np.float32), p + "bias")
+        inits += [w, b]
+        nodes += [
+            helper.make_node("Constant", [], [p + "shape"], name=p + "shape_const", value=shape),
+            helper.make_node("Reshape", [x, p + "shape"], [p + "r"], name=p + "reshape"),
+            helper.make_node("MatMul", [p + "r", p + "W"], [p + "mm"], name=p + "matmul"),
+            helper.make_node("Add", [p + "mm", p + "bias"], [p + "add"], name=p + "add"),
+            helper.make_node("Relu", [p + "add"], [p + "relu"], name=p + "relu"),
+            helper.make_node("LayerNormalization", [p + "relu", "gamma", "beta"], [p + "ln"], name=p + "ln", axis=-1, epsilon=1e-5),
+            helper.make_node("Softmax", [p + "ln"], [p + "sm"], name=p + "softmax", axis=-1),
+            helper.make_node("Constant", [], [p + "scale"], name=p + "scale_const", value_float=0.5),
+            helper.make_node("Mul", [p + "sm", p + "scale"], [p + "mul"], name=p + "mul"),
+            helper.make_node("Add", [p + "mul", x], [p + "out"], name=p + "residual"),
+        ]
+        x = p + "out"
+    graph = helper.make_graph(
+        nodes, f"chain_{n_nodes}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="rlx-bench")
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return {"nodes": len(nodes), "initializers": len(inits), "bytes": path.stat().st_size}
+
+
+# ---------------------------------------------------------------------------------------------
+# runner
+# ---------------------------------------------------------------------------------------------
+def _parse_time_v(text: str) -> dict:
+    out: dict = {}
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    out["peak_rss_mb"] = int(m.group(1)) / 1024 if m else None
+    u = re.search(r"User time \(seconds\): ([\d.]+)", text)
+    s = re.search(r"System time \(seconds\): ([\d.]+)", text)
+    out["cpu_s"] = float(u.group(1)) + float(s.group(1)) if u and s else None
+    m = re.search(r"Exit status: (\d+)", text)
+    out["exit"] = int(m.group(1)) if m else None
+    m = re.search(r"Command terminated by signal (\d+)", text)
+    out["signal"] = int(m.group(1)) if m else None
+    return out
+
+
+def _warm(paths: list[Path]) -> float:
+    subprocess.run(["sync"], check=False)
+    t0 = time.perf_counter()
+    for p in paths:
+        if p.exists():
+            subprocess.run(["cat", str(p)], stdout=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - t0
+
+
+def _outputs(out: Path) -> list[Path]:
+    return [out, out.with_name(out.name + ".data")]
+
+
+def _summarize_output(out: Path) -> dict:
+    """Sizes and element types of what a contender wrote (graph proto only, no weights)."""
+    import onnx
+
+    info: dict = {"model_mb": None, "data_mb": None}
+    data = out.with_name(out.name + ".data")
+    if data.exists():
+        info["data_mb"] = round(data.stat().st_size / 1e6, 1)
+    if not out.exists():
+        return info
+    info["model_mb"] = round(out.stat().st_size / 1e6, 2)
+    try:
+        m = onnx.load(str(out), load_external_data=False)
+    except Exception as e:  # noqa: BLE001
+        info["load_error"] = str(e)[:200]
+        return info
+    by_type: dict[str, int] = {}
+    for t in m.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        name = onnx.TensorProto.DataType.Name(t.data_type)
+        by_type[name] = by_type.get(name, 0) + n
+    info["init_elems_by_type"] = by_type
+    info["nodes"] = len(m.graph.node)
+    info["casts"] = sum(1 for n in m.graph.node if n.op_type == "Cast")
+    return info
+
+
+def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb: float, timeout: int, log_dir: Path) -> dict:
+    for p in _outputs(out):
+        p.unlink(missing_ok=True)
+    warm_s = _warm(warm_paths)
+    time_file = log_dir / f"{name}.time"
+    full = ["/usr/bin/time", "-v", "-o", str(time_file),
+            "prlimit", f"--as={int(mem_gb * (1 << 30))}", "--",
+            "timeout", "-s", "KILL", str(timeout), *cmd]
+    print(f"  [{name}] {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(full, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    subprocess.run(["sync"], check=False)
+    sync_s = time.perf_counter() - t1
+    tv = _parse_time_v(time_file.read_text() if time_file.exists() else "")
+    (log_dir / f"{name}.stdout").write_text(proc.stdout)
+    (log_dir / f"{name}.stderr").write_text(proc.stderr)
+    status = "ok"
+    if proc.returncode != 0:
+        err = proc.stderr
+        if tv.get("signal") == 9 or proc.returncode in (137, -9):
+            status = "killed (timeout or OOM)" if wall < timeout - 1 else f"timeout {timeout}s"
+        elif "MemoryError" in err or "std::bad_alloc" in err or "Cannot allocate memory" in err:
+            status = f"out of memory under {mem_gb:g} GiB address-space limit"
+        else:
+            last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [f"exit {proc.returncode}"]
+            status = f"failed (exit {proc.returncode}): {last[0][:160]}"
+    res = {"name": name, "cmd": cmd, "status": status, "wall_s": round(wall, 2), "sync_s": round(sync_s, 2),
+           "warm_s": round(warm_s, 2), "peak_rss_mb": tv.get("peak_rss_mb"), "cpu_s": tv.get("cpu_s"),
+           "returncode": proc.returncode}
+    if status == "ok":
+        res["output"] = _summarize_output(out)
+        if proc.stdout.strip().startswith("{"):
+            try:
+                res["worker"] = json.loads(proc.stdout.strip().splitlines()[-1])
+            except json.JSONDecodeError:
+                pass
+    print(f"  [{name}] {status}: wall {wall:.1f}s, peak RSS {tv.get('peak_rss_mb') or 0:.0f} MB, sync {sync_s:.1f}s", flush=True)
+    return res
+
+
+def _cmd(name: str, model: Path, out: Path, policy: str) -> list[str]:
+    if name == "rlx":
+        exe = shutil.which("rlx-amp")
+        base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp.cli"]
+        return [*base, str(model), "--policy", policy, "-o", str(out), "-q"]
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", name, str(model), str(out)]
+
+
+def _machine() -> dict:
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    versions = {}
+    for mod in ("numpy", "onnx", "onnxruntime", "onnxconverter_common", "rlx_onnx_amp"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            versions[mod] = None
+    return {"cpus": os.cpu_count(), "mem_gib": mem, "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions}
+
+
+def _fmt(v, spec: str) -> str:  # noqa: ANN001
+    return "-" if v is None else format(v, spec)
+
+
+def mode_model(args: argparse.Namespace) -> dict:
+    model = Path(args.model).resolve()
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    data_files = sorted({(model.parent / e.value) for t in proto.graph.initializer for e in t.external_data if e.key == "location"})
+    f32_bytes = sum(p.stat().st_size for p in data_files)
+    print(f"model {model}: {len(proto.graph.node)} nodes, {len(proto.graph.initializer)} initializers, "
+          f"external data {f32_bytes / 1e9:.3f} GB in {[p.name for p in data_files]}", flush=True)
+    del proto
+    work = Path(args.work) / "scale_out"
+    work.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="logs_", dir=work))
+    results = []
+    for name in args.contenders.split(","):
+        out = work / f"{name}.onnx"
+        res = run_one(name, _cmd(name, model, out, args.policy), out, [model, *data_files], args.mem_gb, args.timeout, log_dir)
+        results.append(res)
+        if not args.keep:
+            for p in _outputs(out):
+                p.unlink(missing_ok=True)
+    floor = next((r for r in results if r["name"] == "floor" and r["status"] == "ok"), None)
+    for r in results:
+        r["x_floor"] = round(r["wall_s"] / floor["wall_s"], 2) if floor and r["status"] == "ok" else None
+        r["rss_frac_of_f32"] = round(r["peak_rss_mb"] * (1 << 20) / f32_bytes, 3) if r.get("peak_rss_mb") else None
+    print()
+    print(f"f32 external data: {f32_bytes / 1e9:.3f} GB ({f32_bytes / (1 << 20):.0f} MiB); memory limit {args.mem_gb:g} GiB "
+          f"(address space), timeout {args.timeout}s")
+    hdr = f"{'contender':<8} {'status':<10} {'wall s':>8} {'x floor':>8} {'peak RSS MB':>12} {'RSS/f32':>8} {'cpu s':>8} {'sync s':>7} {'out data MB':>12}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        st = "ok" if r["status"] == "ok" else "FAILED"
+        data_mb = (r.get("output") or {}).get("data_mb")
+        print(f"{r['name']:<8} {st:<10} {r['wall_s']:>8.1f} {_fmt(r['x_floor'], '.2f'):>8} {_fmt(r['peak_rss_mb'], '.0f'):>12} "
+              f"{_fmt(r['rss_frac_of_f32'], '.2f'):>8} {_fmt(r['cpu_s'], '.1f'):>8} {r['sync_s']:>7.1f} {_fmt(data_mb, '.1f'):>12}")
+    for r in results:
+        if r["status"] != "ok":
+            print(f"  {r['name']}: {r['status']}")
+    for r in results:
+        o = r.get("output") or {}
+        if "init_elems_by_type" in o:
+            print(f"  {r['name']}: initializer elements by type {o['init_elems_by_type']}, {o.get('nodes')} nodes, {o.get('casts')} Cast")
+    print(f"logs: {log_dir}")
+    return {"mode": "model", "model": str(model), "f32_bytes": f32_bytes, "policy": args.policy, "mem_gb": args.mem_gb,
+            "timeout_s": args.timeout, "results": results}
+
+
+def mode_nodes(args: argparse.Namespace) -> dict:
+    work = Path(args.work) / "node_scaling"
+    work.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="logs_", dir=work))
+    rows = []
+    peer_limit = args.peers_max_nodes
+    # Fixed cost of starting the CLI (interpreter + imports), to separate from per-node cost.
+    exe = shutil.which("rlx-amp")
+    base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp.cli"]
+    startup = run_one("rlx_startup", [*base, "--version"], work / "none.onnx", [], args.mem_gb, 60, log_dir)
+    startup_s = startup["wall_s"] if startup["status"] == "ok" else 0.0
+    for n in [int(s) for s in args.nodes.split(",")]:
+        path = work / f"chain_{n}.onnx"
+        t0 = time.perf_counter()
+        meta = build_chain(n, path)
+        print(f"built {path.name}: {meta['nodes']} nodes, {meta['initializers']} initializers, "
+              f"{meta['bytes'] / 1e6:.1f} MB in {time.perf_counter() - t0:.1f}s", flush=True)
+        names = [c for c in args.contenders.split(",") if c != "floor"]
+        for name in names:
+            if name != "rlx" and n > peer_limit:
+                continue
+            out = work / f"chain_{n}.{name}.onnx"
+            res = run_one(f"{name}_{n}", _cmd(name, path, out, args.policy), out, [path], args.mem_gb,
+                          args.timeout if name == "rlx" else args.peer_timeout, log_dir)
+            res.update({"contender": name, "nodes": meta["nodes"]})
+            res["us_per_node"] = round(res["wall_s"] / meta["nodes"] * 1e6, 1) if res["status"] == "ok" else None
+            if name == "rlx" and res["status"] == "ok":
+                res["us_per_node_after_startup"] = round((res["wall_s"] - startup_s) / meta["nodes"] * 1e6, 1)
+            rows.append(res)
+            for p in _outputs(out):
+                if not args.keep:
+                    p.unlink(missing_ok=True)
+    print()
+    print(f"rlx-amp --version (interpreter + imports): {startup_s:.2f}s, peak RSS {_fmt(startup.get('peak_rss_mb'), '.0f')} MB")
+    hdr = (f"{'contender':<8} {'nodes':>8} {'status':<8} {'wall s':>8} {'us/node':>9} {'us/node-startup':>16} "
+           f"{'peak RSS MB':>12} {'cpu s':>8}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        st = "ok" if r["status"] == "ok" else "FAILED"
+        print(f"{r['contender']:<8} {r['nodes']:>8} {st:<8} {r['wall_s']:>8.2f} {_fmt(r['us_per_node'], '.1f'):>9} "
+              f"{_fmt(r.get('us_per_node_after_startup'), '.1f'):>16} {_fmt(r['peak_rss_mb'], '.0f'):>12} {_fmt(r['cpu_s'], '.2f'):>8}")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"  {r['name']}: {r['status']}")
+    print(f"logs: {log_dir}")
+    return {"mode": "nodes", "policy": args.policy, "startup": startup, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="model with external data")
+    ap.add_argument("--nodes", help="comma-separated node counts for synthetic graphs")
+    ap.add_argument("--contenders", default=None, help="default floor,rlx,occ,ort (--nodes: rlx,occ,ort)")
+    ap.add_argument("--policy", default=None, help="rlx policy (default always-f16 with --model, auto-mixed with --nodes)")
+    ap.add_argument("--mem-gb", type=float, default=20.0, help="address-space limit per contender (GiB)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per contender")
+    ap.add_argument("--peer-timeout", type=int, default=300, help="--nodes: seconds per peer run")
+    ap.add_argument("--peers-max-nodes", type=int, default=10000, help="--nodes: run peers only on graphs up to this size")
+    ap.add_argument("--work", default=str(DEFAULT_WORK), help="scratch directory (outside the repo)")
+    ap.add_argument("--keep", action="store_true", help="keep converted outputs")
+    ap.add_argument("--json", help="JSON path (default bench/out/scale_<mode>.json)")
+    ap.add_argument("--worker", nargs=3, metavar=("KIND", "IN", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        kind, inp, out = args.worker
+        WORKERS[kind](inp, out)
+        return 0
+    if bool(args.model) == bool(args.nodes):
+        ap.error("give --model or --nodes")
+    if args.model:
+        args.contenders = args.contenders or "floor,rlx,occ,ort"
+        args.policy = args.policy or "always-f16"
+    else:
+        args.contenders = args.contenders or "rlx,occ,ort"
+        args.policy = args.policy or "auto-mixed"
+    t0 = time.perf_counter()
+    result = mode_model(args) if args.model else mode_nodes(args)
+    result["machine"] = _machine()
+    result["total_s"] = round(time.perf_counter() - t0, 1)
+    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    OUT_JSON_DIR.mkdir(exist_ok=True)
+    path = Path(args.json) if args.json else OUT_JSON_DIR / f"scale_{result['mode']}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
