@@ -394,7 +394,9 @@ class _Converter:
         is_main = scope.parent is None
         # Main-graph outputs computed low are renamed at their producer; the Cast back takes
         # the original name (rule 10).
-        tail: list[NodeProto] = []
+        # Casts back to graph outputs go right after their producer: a consumer of the output
+        # may follow it.
+        after: dict[str, NodeProto] = {}
         if is_main:
             for out in graph.output:
                 want = out.type.tensor_type.elem_type if self.options.keep_io_types else None
@@ -404,7 +406,7 @@ class _Converter:
                     low_name = self.fresh(f"{out.name}__{precision.value if precision else 'low'}")
                     scope.rename[out.name] = low_name
                     scope.cast_cache[(out.name, want)] = out.name
-                    tail.append(helper.make_node("Cast", [low_name], [out.name], name=self.fresh(f"{out.name}__cast"), to=want))
+                    after[out.name] = helper.make_node("Cast", [low_name], [out.name], name=self.fresh(f"{out.name}__cast"), to=want)
                     self.casts_inserted += 1
                     self._value_info(scope, out.name, low_name, have or 0)
         new_nodes: list[NodeProto] = []
@@ -415,13 +417,14 @@ class _Converter:
             for k, name in enumerate(node.input):
                 if name:
                     node.input[k] = self.resolve(scope, name, self._required(d, scope, k), new_nodes)
-            for k, name in enumerate(node.output):
+            originals = list(node.output)
+            for k, name in enumerate(originals):
                 if name in scope.rename:
                     node.output[k] = scope.rename[name]
             if d.precision is not None:
                 self._retype_attributes(d, scope)
             new_nodes.append(node)
-        new_nodes.extend(tail)
+            new_nodes.extend(after[name] for name in originals if name in after)
         if not is_main:
             for out in graph.output:  # body outputs keep their types; they may be renamed
                 want = scope.orig_type(out.name)

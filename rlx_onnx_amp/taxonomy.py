@@ -370,6 +370,7 @@ OP_KINDS: Mapping[tuple[str, str], OpKind] = {
     ('com.microsoft', 'QLinearAdd'): OpKind.ELEMENTWISE,
     ('com.microsoft', 'QLinearAveragePool'): OpKind.DATA_MOVEMENT,
     ('com.microsoft', 'QLinearConcat'): OpKind.DATA_MOVEMENT,
+    ('com.microsoft', 'QLinearConv'): OpKind.COMPUTE,
     ('com.microsoft', 'QLinearGlobalAveragePool'): OpKind.DATA_MOVEMENT,
     ('com.microsoft', 'QLinearLeakyRelu'): OpKind.ELEMENTWISE,
     ('com.microsoft', 'QLinearMul'): OpKind.ELEMENTWISE,

@@ -1,0 +1,116 @@
+"""Shared test helpers: seeded feeds, onnxruntime runs, structural invariants."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto
+
+from fixtures.make_fixtures import Fixture
+from rlx_onnx_amp.types import subgraphs
+
+POLICIES = ("always-f32", "always-f16", "auto-mixed-conservative", "auto-mixed", "auto-mixed-bf16")
+LOW = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
+
+_NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_,
+       TensorProto.FLOAT16: np.float16}
+
+
+def feeds_for(fixture: Fixture | None, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        shape = (fixture.shapes.get(vi.name) if fixture else None) or tuple(d.dim_value or 1 for d in tt.shape.dim)
+        lo, hi = (fixture.ranges.get(vi.name) if fixture else None) or ((-1.0, 1.0) if tt.elem_type in (1, 10) else (0, 2))
+        dtype = _NP[tt.elem_type]
+        if np.issubdtype(dtype, np.floating):
+            feeds[vi.name] = rng.uniform(lo, hi, shape).astype(dtype)
+        else:
+            feeds[vi.name] = rng.integers(int(lo), int(hi), shape).astype(dtype)
+    return feeds
+
+
+def run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    src = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def assert_close(expected: list[np.ndarray], actual: list[np.ndarray], atol: float, rtol: float, min_cosine: float = 0.999) -> None:
+    assert len(expected) == len(actual)
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        assert e.dtype == a.dtype and e.shape == a.shape, f"output {k}: {a.dtype}{a.shape} vs {e.dtype}{e.shape}"
+        if e.dtype.kind != "f":
+            np.testing.assert_array_equal(a, e, err_msg=f"output {k}")
+            continue
+        e64, a64 = e.astype(np.float64), a.astype(np.float64)
+        assert not np.any(np.isnan(a64) & ~np.isnan(e64)), f"output {k}: new NaN"
+        assert not np.any(np.isinf(a64) & ~np.isinf(e64)), f"output {k}: new Inf"
+        err = float(np.max(np.abs(e64 - a64))) if e.size else 0.0
+        assert err <= atol + rtol * float(np.max(np.abs(e64))), f"output {k}: max_abs {err}"
+        if e.size > 1 and np.ptp(e64) > 0:
+            cos = float(np.dot(e64.ravel(), a64.ravel()) / (np.linalg.norm(e64) * np.linalg.norm(a64)))
+            assert cos >= min_cosine, f"output {k}: cosine {cos}"
+
+
+def all_graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    found = [graph]
+    for node in graph.node:
+        for _, sub in subgraphs(node):
+            found.extend(all_graphs(sub))
+    return found
+
+
+def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for g in all_graphs(model.graph) for n in g.node]
+
+
+def value_names(model: onnx.ModelProto) -> set[str]:
+    names = set()
+    for g in all_graphs(model.graph):
+        names.update(i.name for i in g.input)
+        names.update(t.name for t in g.initializer)
+        for n in g.node:
+            names.update(o for o in n.output if o)
+    return names
+
+
+def cast_duplicates(model: onnx.ModelProto) -> list[tuple[str, int]]:
+    """(source, to) pairs served by more than one Cast in the same graph."""
+    dups = []
+    for g in all_graphs(model.graph):
+        count = collections.Counter((n.input[0], next(a.i for a in n.attribute if a.name == "to")) for n in g.node if n.op_type == "Cast")
+        dups += [k for k, v in count.items() if v > 1]
+    return dups
+
+
+def integer_digest(model: onnx.ModelProto) -> dict[str, str]:
+    """Hash of every non-float initializer and Constant tensor, by name."""
+    out = {}
+    for g in all_graphs(model.graph):
+        tensors = list(g.initializer) + [a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+        for t in tensors:
+            if t.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
+                out[t.name] = hashlib.sha256(onnx.numpy_helper.to_array(t).tobytes()).hexdigest()
+    return out
+
+
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    types = {}
+    for g in all_graphs(model.graph):
+        for vi in (*g.input, *g.output, *g.value_info):
+            if vi.type.HasField("tensor_type"):
+                types[vi.name] = vi.type.tensor_type.elem_type
+        for t in g.initializer:
+            types[t.name] = t.data_type
+    return types

@@ -1,0 +1,153 @@
+"""The command line: conversions, reports, and one clear line for every kind of bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fixtures.make_fixtures import HEALTHY, write_external
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
+
+
+def rlx(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture()
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(path))
+    return path
+
+
+def test_demo_model_is_what_the_fixture_script_writes(tmp_path: Path) -> None:
+    from fixtures.make_fixtures import write_all
+
+    written = {p.name: p for p in write_all(tmp_path)}
+    assert _digest(written["demo_transformer.onnx"]) == _digest(DEMO)
+
+
+def test_convert_writes_model_and_report(model: Path, tmp_path: Path) -> None:
+    before = _digest(model)
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    result = rlx(str(model), "--policy", "auto-mixed", "-o", str(out), "--report-json", str(report))
+    assert result.returncode == 0, result.stderr
+    assert "casts inserted" in result.stdout and "elementwise" in result.stdout
+    onnx.checker.check_model(str(out), full_check=True)
+    data = json.loads(report.read_text())
+    assert data["policy"]["name"] == "auto-mixed" and data["output"] == str(out)
+    assert data["nodes"]["total"] == 37 and data["nodes"]["by_precision"]["f16"] > 0
+    assert data["by_kind"]["compute"] == {"f32": 8}
+    assert _digest(model) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary files left behind"
+
+
+def test_custom_policy_map_and_map_file(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.onnx"
+    result = rlx(str(model), "--policy", "custom", "--map", "compute=f16", "-o", str(out), "--report-json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    by_kind = json.loads((tmp_path / "r.json").read_text())["by_kind"]
+    assert by_kind["compute"] == {"f16": 8} and "f16" not in by_kind["reduction"]
+    (tmp_path / "map.toml").write_text('reduction = "f16"\n')
+    result = rlx(str(model), "--policy", "custom", "--map-file", str(tmp_path / "map.toml"), "-o", str(out), "--report-json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["by_kind"]["reduction"] == {"f16": 3}
+
+
+def test_external_data_output(tmp_path: Path) -> None:
+    src = write_external(HEALTHY["mlp_external"](), tmp_path / "mlp.onnx")
+    out = tmp_path / "out" / "mlp16.onnx"
+    out.parent.mkdir()
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(out), "--data-name", "weights.bin", "-q")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert (out.parent / "weights.bin").stat().st_size > 200_000
+    onnx.checker.check_model(str(out), full_check=True)
+
+
+def test_batch_out_dir(model: Path, tmp_path: Path) -> None:
+    second = tmp_path / "conv.onnx"
+    onnx.save(HEALTHY["conv_net"]().model, str(second))
+    outdir = tmp_path / "converted"
+    outdir.mkdir()
+    result = rlx(str(model), str(second), "--policy", "always-f16", "--out-dir", str(outdir), "--report-json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in outdir.iterdir()) == ["conv.onnx", "model.onnx"]
+    assert len(json.loads((tmp_path / "r.json").read_text())["models"]) == 2
+
+
+def test_inspect(model: Path, tmp_path: Path) -> None:
+    result = rlx("inspect", str(model), "--policy", "auto-mixed", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["by_op"]["MatMul"] == {"f32": 8} and data["by_op"]["Softmax"] == {"f16": 1}
+    assert data["nodes"]["total"] == 37
+    text = rlx("inspect", str(model))
+    assert text.returncode == 0 and "LayerNormalization" in text.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]  # nothing written
+
+
+def _bad(tmp_path: Path, *args: str, expect: str, code: int = 2) -> None:
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = rlx(*args)
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert expect in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "a partial output was left"
+
+
+def test_bad_inputs(model: Path, tmp_path: Path) -> None:
+    out = str(tmp_path / "out.onnx")
+    _bad(tmp_path, str(tmp_path / "missing.onnx"), "-o", out, expect="missing.onnx: no such file")
+    (tmp_path / "text.onnx").write_text("this is not a model")
+    _bad(tmp_path, str(tmp_path / "text.onnx"), "-o", out, expect="text.onnx: not a valid ONNX model")
+    data = model.read_bytes()
+    (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 2])
+    _bad(tmp_path, str(tmp_path / "truncated.onnx"), "-o", out, expect="truncated.onnx: not a valid ONNX model")
+    _bad(tmp_path, str(model), "--policy", "fastest", "-o", out, expect="unknown policy 'fastest'")
+    _bad(tmp_path, str(model), "--policy", "custom", "--map", "matmul=f16", "-o", out, expect="unknown kind 'matmul'")
+    _bad(tmp_path, str(model), "-o", str(tmp_path / "no" / "such" / "dir.onnx"), expect="does not exist")
+    _bad(tmp_path, str(model), "-o", str(model), expect="output is the input model")
+    _bad(tmp_path, str(model), expect="missing -o/--output")
+    assert _digest(model) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only directories")
+def test_unwritable_output(model: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        _bad(tmp_path, str(model), "-o", str(locked / "out.onnx"), expect="not writable")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_output_path_that_is_a_file_in_a_file(model: Path, tmp_path: Path) -> None:
+    # A parent "directory" that is a file cannot be written, even by root.
+    _bad(tmp_path, str(model), "-o", str(model / "out.onnx"), expect="does not exist")
+
+
+def test_missing_and_short_external_data(tmp_path: Path) -> None:
+    src = write_external(HEALTHY["mlp_external"](), tmp_path / "mlp.onnx")
+    data = tmp_path / "mlp.onnx.data"
+    content = data.read_bytes()
+    data.write_bytes(content[: len(content) // 3])
+    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="too short for tensor")
+    data.unlink()
+    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="external data file 'mlp.onnx.data'")
