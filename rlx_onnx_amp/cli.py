@@ -23,6 +23,8 @@ from rlx_onnx_amp.errors import AmpError, InputError
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.verify import InputSpec, VerifyOptions, VerifyReport, verify
+from rlx_onnx_amp.verify.inputs import parse_range, parse_shape
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_RUN = 0, 1, 2, 3
 
@@ -72,6 +74,51 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _per_output(option: str, values: Sequence[str]) -> dict[str, float]:
+    """`0.01` or `NAME:0.01` (repeatable) -> {"": default, NAME: value}."""
+    result: dict[str, float] = {}
+    for text in values:
+        name, _, number = text.rpartition(":")
+        try:
+            result[name] = float(number)
+        except ValueError:
+            raise InputError(f"{option}: expected a number or NAME:number, got {text!r}") from None
+    return result
+
+
+def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--provider", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda", "coreml"]),
+                     help="onnxruntime execution provider; auto picks CUDA, then CoreML, then CPU."),
+        click.option("--emulate/--no-emulate", default=None,
+                     help="Verify an emulated candidate (the f32 graph with low-precision values rounded). "
+                          "Default: when the provider cannot run the candidate, or is the CPU provider."),
+        click.option("--inputs", "inputs_path", metavar="FILE.npz|DIR", help="Inputs: an .npz of name -> array, or a directory of input_N.pb."),
+        click.option("--seed", default=0, show_default=True, help="Seed of synthesized inputs."),
+        click.option("--samples", default=1, show_default=True, help="Number of synthesized input sets."),
+        click.option("--shape", "shapes", multiple=True, metavar="NAME:1x128", help="Shape of an input with dynamic dimensions."),
+        click.option("--input-range", "ranges", multiple=True, metavar="NAME:LO,HI", help="Value range of a synthesized input."),
+        click.option("--save-inputs", metavar="FILE.npz", help="Write the inputs used."),
+        click.option("--atol", multiple=True, metavar="[NAME:]X", help="Absolute tolerance, global or per output."),
+        click.option("--rtol", multiple=True, metavar="[NAME:]X", help="Relative tolerance (times max|reference|), global or per output."),
+        click.option("--min-cosine", multiple=True, metavar="[NAME:]X", help="Minimum cosine similarity, global or per output."),
+        click.option("--localize", is_flag=True, help="Compare every shared intermediate tensor and name the first nodes where drift jumps."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _make_verify_options(provider: str, emulate: bool | None, inputs_path: str | None, seed: int, samples: int,
+                         shapes: Sequence[str], ranges: Sequence[str], save_inputs: str | None, atol: Sequence[str],
+                         rtol: Sequence[str], min_cosine: Sequence[str], localize: bool) -> VerifyOptions:
+    if samples < 1:
+        raise InputError("--samples must be at least 1")
+    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
+    return VerifyOptions(provider, emulate, inputs_path, spec, _per_output("--atol", atol), _per_output("--rtol", rtol),
+                         _per_output("--min-cosine", min_cosine), localize, save_inputs=save_inputs)
+
+
 def _write_json(path: str, data: dict[str, Any]) -> None:
     try:
         Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -107,32 +154,44 @@ def main() -> None:
 @click.option("--data-name", metavar="NAME", help="External data file name for the output (default OUT.data).")
 @click.option("--report-json", metavar="PATH", help="Write the conversion report as JSON.")
 @click.option("--report-md", metavar="PATH", help="Write a Markdown summary (with --verify: the drift report).")
+@click.option("--verify", "do_verify", is_flag=True, help="Verify each output against its input model (drift report, exit 1 on drift).")
+@_verify_options
 @click.option("--quiet", "-q", is_flag=True, help="No table, no progress.")
 @click.option("-v", "--verbose", count=True, help="Log what the rewrite does (-vv for debug).")
-@click.pass_context
-def convert_cmd(ctx: click.Context, models: Sequence[str], policy: str, map_text: str | None, map_file: str | None,
+def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_file: str | None,
                 output: str | None, out_dir: str | None, keep_f32_op: Sequence[str], keep_f32_node: Sequence[str],
                 keep_io_types: bool, data_name: str | None, report_json: str | None, report_md: str | None,
-                quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
+                do_verify: bool, quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
     """Convert MODEL to mixed precision under a policy."""
     _setup_logging(verbose)
 
     def run() -> int:
         resolved = _policy(policy, map_text, map_file)
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node)
+        verify_options = _make_verify_options(**verify_kwargs) if do_verify else None
         outputs = _output_paths(models, output, out_dir)
         reports: list[ConversionReport] = []
+        verified: list[tuple[ConversionReport, VerifyReport]] = []
         for src, dst in zip(models, outputs):
             report = convert_file(src, dst, resolved, options=options, data_name=data_name if len(models) == 1 else None)
             reports.append(report)
             if not quiet:
                 click.echo(render.conversion_table(report))
+            if verify_options is not None:
+                result = verify(src, dst, verify_options)
+                report.verify = result.to_json()
+                verified.append((report, result))
+                if not quiet:
+                    click.echo(render.verify_table(result))
         payload = reports[0].to_json() if len(reports) == 1 else {"models": [r.to_json() for r in reports]}
         if report_json:
             _write_json(report_json, payload)
         if report_md:
-            _write_text(report_md, render.conversion_markdown(reports))
-        return EXIT_OK
+            _write_text(report_md, render.verify_markdown(verified) if verified else render.conversion_markdown(reports))
+        if len(verified) > 1 and not quiet:
+            failed = [v.candidate for _, v in verified if not v.passed]
+            click.echo(f"{len(verified) - len(failed)} of {len(verified)} models passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
+        return EXIT_DRIFT if any(not v.passed for _, v in verified) else EXIT_OK
 
     _run_guarded(run)
 
@@ -161,6 +220,32 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
         return [os.path.join(out_dir, n) for n in names]
     assert output is not None
     return [output]
+
+
+@main.command("verify")
+@click.argument("reference")
+@click.argument("candidate")
+@_verify_options
+@click.option("--report-json", metavar="PATH", help="Write the drift report as JSON (under the key `verify`).")
+@click.option("--report-md", metavar="PATH", help="Write the drift report as Markdown.")
+@click.option("--quiet", "-q", is_flag=True, help="No table.")
+@click.option("-v", "--verbose", count=True)
+def verify_cmd(reference: str, candidate: str, report_json: str | None, report_md: str | None, quiet: bool, verbose: int,
+               **verify_kwargs: Any) -> None:
+    """Compare CANDIDATE against REFERENCE on the same inputs."""
+    _setup_logging(verbose)
+
+    def run() -> int:
+        result = verify(reference, candidate, _make_verify_options(**verify_kwargs))
+        if not quiet:
+            click.echo(render.verify_table(result))
+        if report_json:
+            _write_json(report_json, {"verify": result.to_json()})
+        if report_md:
+            _write_text(report_md, render.verify_markdown([(None, result)]))
+        return EXIT_OK if result.passed else EXIT_DRIFT
+
+    _run_guarded(run)
 
 
 @main.command("inspect")

@@ -7,7 +7,7 @@ from typing import Any
 
 from rlx_onnx_amp.report import ConversionReport
 
-__all__ = ["conversion_markdown", "conversion_table", "inspect_table", "table"]
+__all__ = ["conversion_markdown", "conversion_table", "inspect_table", "table", "verify_markdown", "verify_table"]
 
 _PRECISION_COLUMNS = ("f32", "f16", "bf16", "none")
 
@@ -76,3 +76,57 @@ def inspect_table(summary: dict[str, Any]) -> str:
         if len(summary["kept_f32"]) > 50:
             lines.append(f"... and {len(summary['kept_f32']) - 50} more")
     return "\n".join(lines)
+
+
+def _g(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def verify_table(report: Any) -> str:
+    """One row per output, failures first."""
+    header = (f"verify {report.candidate} against {report.reference} on {report.provider} "
+              f"({', '.join(report.providers_used)})" + (f", emulated {report.precision}: {report.emulation_reason}" if report.emulated else ""))
+    rows = [[o.name, "PASS" if o.passed else "FAIL", o.max_abs, o.max_rel, o.cosine, o.snr_db, f"{o.mismatch_pct:.3g}%",
+             f"{o.nan_cand}/{o.inf_cand}", o.top1_agreement, "; ".join(o.failures or [])] for o in report.outputs]
+    lines = [header, table(("output", "result", "max_abs", "max_rel", "cosine", "snr_db", "mismatch", "nan/inf", "top1", "why"), rows)]
+    if report.localized:
+        lines += ["", "first nodes where drift jumps:",
+                  table(("node", "op", "tensor", "reason", "rel_error", "inputs' rel_error"),
+                        [[d["node"], d["op"], d["tensor"], d["reason"], d["rel_error"], d["input_rel_error"]] for d in report.localized])]
+    lines.append(f"{'PASSED' if report.passed else 'FAILED'}: atol {report.atol['']:g}, rtol {report.rtol['']:g}, "
+                 f"min cosine {report.min_cosine['']:g} ({report.precision} defaults unless overridden)")
+    return "\n".join(lines)
+
+
+def verify_markdown(entries: Sequence[tuple[Any, Any]]) -> str:
+    """A Markdown summary for a CI job's summary page: (conversion report or None, verify report)."""
+    passed = all(v.passed for _, v in entries)
+    out = [f"# rlx-amp drift report: {'✅ passed' if passed else '❌ failed'}", ""]
+    out += ["| model | policy | provider | emulated | outputs | failed | worst max_abs | min cosine |",
+            "|---|---|---|---|---|---|---|---|"]
+    for conv, v in entries:
+        failed = [o for o in v.outputs if not o.passed]
+        worst = max((o.max_abs for o in v.outputs), default=0.0)
+        cosines = [o.cosine for o in v.outputs if o.cosine is not None]
+        policy = conv.policy.name if conv is not None and conv.policy is not None else "-"
+        out.append(f"| `{v.candidate}` | {policy} | {v.provider} | {'yes' if v.emulated else 'no'} | {len(v.outputs)} | "
+                   f"{len(failed)} | {worst:.4g} | {_g(min(cosines) if cosines else None)} |")
+    out.append("")
+    for _, v in entries:
+        out += [f"## `{v.candidate}`", "",
+                f"Criterion: no new NaN/Inf; max_abs ≤ atol + rtol·max|ref| (atol {v.atol['']:g}, rtol {v.rtol['']:g}); "
+                f"cosine ≥ {v.min_cosine['']:g} where the reference is not constant. Seed {v.seed}, {v.samples} sample(s).", "",
+                "| output | result | max_abs | max_rel | mean_abs | p99_abs | cosine | snr_db | mismatch % | NaN/Inf (cand) | top-1 |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for o in v.outputs:
+            out.append(f"| `{o.name}` | {'pass' if o.passed else '**FAIL**'} | {_g(o.max_abs)} | {_g(o.max_rel)} | {_g(o.mean_abs)} | "
+                       f"{_g(o.p99_abs)} | {_g(o.cosine)} | {_g(o.snr_db)} | {o.mismatch_pct:.3g} | {o.nan_cand}/{o.inf_cand} | {_g(o.top1_agreement)} |")
+        if v.localized:
+            out += ["", "First nodes where drift jumps:", "", "| node | op | tensor | reason | rel_error |", "|---|---|---|---|---|"]
+            out += [f"| `{d['node']}` | {d['op']} | `{d['tensor']}` | {d['reason']} | {_g(d['rel_error'])} |" for d in v.localized]
+        out.append("")
+    return "\n".join(out)

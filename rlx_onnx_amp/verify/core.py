@@ -1,0 +1,318 @@
+"""Verification: run a reference and a candidate on the same inputs and measure the drift."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from rlx_onnx_amp.api import load_model
+from rlx_onnx_amp.errors import InputError, ModelRunError
+from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, is_external, narrow
+from rlx_onnx_amp.types import infer_types
+from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
+from rlx_onnx_amp.verify.inputs import InputSpec, load_inputs, synthesize
+from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
+
+__all__ = ["PROVIDERS", "VerifyOptions", "VerifyReport", "resolve_provider", "verify"]
+
+logger = logging.getLogger(__name__)
+
+PROVIDERS: Mapping[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+_AUTO_ORDER = ("cuda", "coreml", "cpu")
+_F32 = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class VerifyOptions:
+    provider: str = "auto"
+    emulate: bool | None = None  # None: when the provider cannot run low precision faithfully
+    inputs: str | None = None
+    spec: InputSpec = field(default_factory=InputSpec)
+    atol: dict[str, float] = field(default_factory=dict)  # "" is the default for every output
+    rtol: dict[str, float] = field(default_factory=dict)
+    min_cosine: dict[str, float] = field(default_factory=dict)
+    localize: bool = False
+    localize_top: int = 10
+    save_inputs: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    reference: str
+    candidate: str
+    provider: str
+    providers_used: list[str]
+    emulated: bool
+    emulation_reason: str | None
+    candidate_loaded: bool
+    precision: str
+    atol: dict[str, float]
+    rtol: dict[str, float]
+    min_cosine: dict[str, float]
+    seed: int
+    samples: int
+    inputs: dict[str, list[int]]
+    outputs: list[OutputDrift]
+    localized: list[dict[str, Any]] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.outputs) and all(o.passed for o in self.outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "provider": self.provider,
+            "providers_used": self.providers_used,
+            "emulated": self.emulated,
+            "emulation_reason": self.emulation_reason,
+            "candidate_loaded": self.candidate_loaded,
+            "precision": self.precision,
+            "criterion": "no new NaN/Inf; max_abs <= atol + rtol * max(|reference|); cosine >= min_cosine where the reference is not constant",
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "min_cosine": self.min_cosine,
+            "seed": self.seed,
+            "samples": self.samples,
+            "inputs": self.inputs,
+            "passed": self.passed,
+            "outputs": [o.to_json() for o in self.outputs],
+            "localized": self.localized,
+        }
+
+
+def resolve_provider(name: str) -> str:
+    """The short name of the provider to use; an unavailable one is an error, never a fallback."""
+    available = ort.get_available_providers()
+    if name == "auto":
+        return next(p for p in _AUTO_ORDER if PROVIDERS[p] in available)
+    if name not in PROVIDERS:
+        raise InputError(f"--provider: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
+    if PROVIDERS[name] not in available:
+        raise InputError(f"--provider {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})")
+    return name
+
+
+class _Session:
+    """An onnxruntime session on a model given as a path or an in-memory proto."""
+
+    def __init__(self, model: str | onnx.ModelProto, provider: str, label: str) -> None:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+        src = model if isinstance(model, str) else model.SerializeToString()
+        try:
+            self.session = ort.InferenceSession(src, opts, providers=providers)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises several types
+            raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({_first_line(e)})") from None
+        used = self.session.get_providers()
+        if used[0] != PROVIDERS[provider]:
+            raise InputError(f"{label}: onnxruntime fell back to {used[0]} instead of {PROVIDERS[provider]}")
+        self.label = label
+        self.inputs = {i.name: i.type for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        typed = {k: _as_input_type(v, self.inputs.get(k, "")) for k, v in feeds.items() if k in self.inputs}
+        names = list(names or self.output_names)
+        try:
+            values = self.session.run(names, typed)
+        except Exception as e:  # noqa: BLE001
+            raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({_first_line(e)})") from None
+        return dict(zip(names, values))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:400] if text else type(e).__name__
+
+
+def _as_input_type(value: np.ndarray, ort_type: str) -> np.ndarray:
+    if ort_type == "tensor(float16)" and value.dtype != np.float16:
+        return value.astype(np.float16)
+    if ort_type == "tensor(float)" and value.dtype != np.float32 and value.dtype.kind == "f":
+        return value.astype(np.float32)
+    return value
+
+
+def _lowest_precision(low: Mapping[str, int]) -> Precision:
+    kinds = {precision_of_elem_type(t) for t in low.values()}
+    if Precision.BF16 in kinds:
+        return Precision.BF16
+    if Precision.F16 in kinds:
+        return Precision.F16
+    return Precision.F32
+
+
+def _tolerance(name: str, precision: Precision, options: VerifyOptions) -> Tolerance:
+    info = PRECISIONS[precision]
+    return Tolerance(
+        options.atol.get(name, options.atol.get("", info.atol)),
+        options.rtol.get(name, options.rtol.get("", info.rtol)),
+        options.min_cosine.get(name, options.min_cosine.get("", info.min_cosine)),
+    )
+
+
+def _has_external(model: onnx.ModelProto) -> bool:
+    return any(is_external(t) for t in model.graph.initializer)
+
+
+def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None) -> VerifyReport:
+    """Compare `candidate` against `reference` on the same inputs (see README, Verification)."""
+    options = options or VerifyOptions()
+    ref_path, cand_path = Path(reference), Path(candidate)
+    provider = resolve_provider(options.provider)
+    ref_model = load_model(ref_path)
+    cand_model = load_model(cand_path)
+    _check_interfaces(ref_model, cand_model, ref_path, cand_path)
+
+    if options.inputs:
+        samples = [load_inputs(options.inputs, ref_model)]
+    else:
+        samples = [synthesize(ref_model, options.spec, k) for k in range(max(options.spec.samples, 1))]
+    if options.save_inputs:
+        from rlx_onnx_amp.verify.inputs import save_inputs
+
+        save_inputs(options.save_inputs, samples)
+
+    low = low_precision_values(cand_model)
+    precision = _lowest_precision(low)
+    ref_session = _Session(str(ref_path), provider, str(ref_path))
+
+    emulated, reason, candidate_loaded = False, None, False
+    cand_session: _Session | None = None
+    want_emulation = options.emulate
+    try:
+        cand_session = _Session(str(cand_path), provider, str(cand_path))
+        candidate_loaded = True
+    except ModelRunError as e:
+        if want_emulation is False:
+            raise
+        reason = f"{provider} cannot run the candidate: {e}"
+        want_emulation = True
+    if want_emulation is None and provider == "cpu" and precision is not Precision.F32:
+        want_emulation, reason = True, "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic"
+    with tempfile.TemporaryDirectory(prefix="rlx-amp-verify-") as tmp_name:
+        tmp = Path(tmp_name)
+        if want_emulation and precision is not Precision.F32:
+            emulated = True
+            reason = reason or "asked with --emulate"
+            compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp), ref_path.parent
+            cand_session = _Session(str(materialize(compared_model, compared_dir, tmp, "emulated.onnx")), provider, f"emulated {cand_path}")
+            feed_low: Mapping[str, int] = low
+        else:
+            assert cand_session is not None
+            compared_model, compared_dir, feed_low = cand_model, cand_path.parent, {}
+        results = _run_all(ref_session, cand_session, samples, feed_low, options)
+        localized = None
+        if options.localize:
+            from rlx_onnx_amp.verify.localize import localize
+
+            localized = localize(
+                ref_model, ref_path.parent, compared_model, compared_dir, samples[0], feed_low, provider, tmp,
+                _tolerance("", precision, options), options.localize_top,
+            )
+
+    outputs = []
+    for name, (ref_values, cand_values) in results.items():
+        drift = compare_arrays(name, ref_values, cand_values, _tolerance(name, precision, options))
+        outputs.append(drift)
+    outputs.sort(key=lambda o: (o.passed, o.name))
+    info = PRECISIONS[precision]
+    return VerifyReport(
+        reference=str(ref_path), candidate=str(cand_path), provider=provider,
+        providers_used=ref_session.session.get_providers(), emulated=emulated, emulation_reason=reason if emulated else None,
+        candidate_loaded=candidate_loaded, precision=precision.value,
+        atol={"": options.atol.get("", info.atol), **{k: v for k, v in options.atol.items() if k}},
+        rtol={"": options.rtol.get("", info.rtol), **{k: v for k, v in options.rtol.items() if k}},
+        min_cosine={"": options.min_cosine.get("", info.min_cosine), **{k: v for k, v in options.min_cosine.items() if k}},
+        seed=options.spec.seed, samples=len(samples),
+        inputs={k: list(v.shape) for k, v in samples[0].items()}, outputs=outputs, localized=localized,
+    )
+
+
+def _check_interfaces(ref: onnx.ModelProto, cand: onnx.ModelProto, ref_path: Path, cand_path: Path) -> None:
+    ref_in = {i.name for i in ref.graph.input} - {t.name for t in ref.graph.initializer}
+    cand_in = {i.name for i in cand.graph.input} - {t.name for t in cand.graph.initializer}
+    if ref_in != cand_in:
+        raise InputError(f"{cand_path}: inputs {sorted(cand_in)} differ from {ref_path}'s {sorted(ref_in)}")
+    ref_out = [o.name for o in ref.graph.output]
+    if not ref_out:
+        raise InputError(f"{ref_path}: the model has no outputs to compare")
+    missing = set(ref_out) - {o.name for o in cand.graph.output}
+    if missing:
+        raise InputError(f"{cand_path}: lacks output(s) {', '.join(sorted(missing))} of {ref_path}")
+
+
+def _round_feeds(feeds: Mapping[str, np.ndarray], low: Mapping[str, int]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in feeds.items():
+        precision = precision_of_elem_type(low.get(name, _F32))
+        if precision is not None and precision is not Precision.F32 and value.dtype.kind == "f":
+            value = narrow(value, precision)[0].astype(np.float32)
+        out[name] = value
+    return out
+
+
+def _run_all(ref: _Session, cand: _Session, samples: list[dict[str, np.ndarray]], low: Mapping[str, int],
+             options: VerifyOptions) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    names = ref.output_names
+    collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
+    for feeds in samples:
+        r = ref.run(feeds)
+        c = cand.run(_round_feeds(feeds, low) if low else feeds, names)
+        for n in names:
+            collected[n][0].append(np.asarray(r[n]))
+            collected[n][1].append(np.asarray(c[n]))
+    return {n: (_stack(a), _stack(b)) for n, (a, b) in collected.items()}
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.stack(arrays)
+
+
+def materialize(model: onnx.ModelProto, base_dir: Path, tmp: Path, name: str) -> Path:
+    """Save `model` into `tmp`, linking the external data files it reads from `base_dir`."""
+    for location in _external_locations(model):
+        link = tmp / location
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to((base_dir / location).resolve())
+    path = tmp / name
+    onnx.save(model, str(path))
+    return path
+
+
+def _external_locations(model: onnx.ModelProto) -> set[str]:
+    from rlx_onnx_amp.api import _all_tensors
+
+    return {e.value for t in _all_tensors(model) if is_external(t) for e in t.external_data if e.key == "location"}
+
+
+_EMULATED_DATA = "rlx-amp-emulated.data"
+
+
+def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
+    source = WeightSource(ref_path.parent, str(ref_path))
+    sink: WeightSink = ExternalSink(tmp / _EMULATED_DATA, _EMULATED_DATA) if _has_external(ref_model) else WeightSink()
+    try:
+        model, rounded = emulate(ref_model, cand_model, source, sink)
+    finally:
+        sink.close()
+    logger.info("emulated candidate: %d values rounded", rounded)
+    return model

@@ -1,0 +1,113 @@
+"""Precision emulation: the original f32 graph, with every value that the converted model holds
+in low precision rounded to that precision.
+
+Weights and Constant values are narrowed exactly as the converter narrows them (clamped) and
+widened back; computed values get a Cast round trip (f32 -> low -> f32) right after their
+producer, under their original name. So an f16 or bf16 conversion gets a drift figure on any
+provider that runs f32, including onnxruntime's CPU provider, which computes most f16 ops in f32
+and runs no bf16 arithmetic at all.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import GraphProto, ModelProto, TensorProto, helper
+
+from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
+from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
+from rlx_onnx_amp.tensors import WeightSink, WeightSource, narrow
+from rlx_onnx_amp.types import infer_types, subgraphs
+
+__all__ = ["emulate", "low_precision_values"]
+
+_F32 = TensorProto.FLOAT
+
+
+def low_precision_values(candidate: ModelProto) -> dict[str, int]:
+    """Name -> low element type, for every value the candidate holds in f16 or bf16."""
+    types, _ = infer_types(candidate)
+    low: dict[str, int] = {}
+    for scope in types.values():
+        for name, elem in scope.items():
+            if elem in FLOAT_TYPES and elem != _F32:
+                low[name] = elem
+    for graph in _graphs(candidate.graph):
+        for init in graph.initializer:
+            if init.data_type in FLOAT_TYPES and init.data_type != _F32:
+                low[init.name] = init.data_type
+    # A value widened back to f32 from a low one (a graph output cast back under its original
+    # name) carries the low value's rounding.
+    for graph in _graphs(candidate.graph):
+        for node in graph.node:
+            if node.op_type == "Cast" and node.input and node.input[0] in low and node.output[0] not in low:
+                if next((a.i for a in node.attribute if a.name == "to"), None) == _F32:
+                    low[node.output[0]] = low[node.input[0]]
+    return low
+
+
+def _graphs(graph: GraphProto) -> list[GraphProto]:
+    found = [graph]
+    for node in graph.node:
+        for _, sub in subgraphs(node):
+            found.extend(_graphs(sub))
+    return found
+
+
+def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource | None = None,
+            sink: WeightSink | None = None) -> tuple[ModelProto, int]:
+    """The emulated candidate, and how many values it rounds. Rounded weights go to `sink`."""
+    low = low_precision_values(candidate)
+    model = ModelProto()
+    model.CopyFrom(reference)
+    source = source or WeightSource(None)
+    sink = sink or WeightSink()
+    used = {n for g in _graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
+    used |= {t.name for g in _graphs(model.graph) for t in g.initializer}
+    rounded = 0
+    ref_types, _ = infer_types(reference)
+    f32_names = {n for scope in ref_types.values() for n, t in scope.items() if t == _F32}
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    def round_tensor(tensor: TensorProto, elem: int) -> None:
+        precision = precision_of_elem_type(elem)
+        assert precision is not None
+        narrowed, _ = narrow(source.read(tensor), precision)
+        sink.store(tensor, narrowed.astype("float32"), _F32)
+
+    for graph in _graphs(model.graph):
+        for init in graph.initializer:
+            if init.data_type == _F32 and init.name in low:
+                round_tensor(init, low[init.name])
+                rounded += 1
+        new_nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            new_nodes.append(node)
+            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            if attr_name and node.output and node.output[0] in low:
+                attrs = {a.name: a for a in node.attribute}
+                if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR and attrs[attr_name].t.data_type == _F32:
+                    round_tensor(attrs[attr_name].t, low[node.output[0]])
+                    rounded += 1
+                    continue
+            for k, name in enumerate(node.output):
+                if name in low and name in f32_names:
+                    exact = fresh(f"{name}__exact")
+                    node.output[k] = exact
+                    mid = fresh(f"{name}__rounded")
+                    new_nodes.append(helper.make_node("Cast", [exact], [mid], name=fresh(f"{mid}__down"), to=low[name]))
+                    new_nodes.append(helper.make_node("Cast", [mid], [name], name=fresh(f"{name}__up"), to=_F32))
+                    rounded += 1
+        count = len(graph.node)
+        graph.node.extend(new_nodes)
+        del graph.node[:count]
+    # value_info of renamed values would be stale; shapes are re-inferred by onnxruntime.
+    for graph in _graphs(model.graph):
+        graph.ClearField("value_info")
+    return model, rounded

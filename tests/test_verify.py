@@ -1,0 +1,238 @@
+"""The drift verifier: metrics with known answers, input synthesis, and end-to-end verdicts."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
+from rlx_onnx_amp import convert_file
+from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.verify import InputSpec, Tolerance, compare_arrays
+from rlx_onnx_amp.verify.inputs import synthesize
+
+TOL = Tolerance(1e-2, 1e-2, 0.999)
+
+
+def rlx(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+# ---- metrics ------------------------------------------------------------------------------
+def test_identical_arrays() -> None:
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    d = compare_arrays("y", x, x.copy(), TOL)
+    assert d.passed and d.max_abs == 0 and d.cosine == pytest.approx(1.0) and d.mismatch_pct == 0
+    assert d.top1_agreement == 1.0 and d.snr_db is None  # no noise: infinite SNR reported as null
+
+
+def test_known_differences() -> None:
+    ref = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    cand = np.array([[1.0, 2.5, 3.0, 4.0]], np.float32)
+    d = compare_arrays("y", ref, cand, TOL)
+    assert d.max_abs == pytest.approx(0.5) and d.max_rel == pytest.approx(0.25)
+    assert d.mean_abs == pytest.approx(0.125)
+    assert d.worst == {"index": [0, 1], "reference": 2.0, "candidate": 2.5}
+    assert d.mismatch_pct == pytest.approx(25.0)
+    expected_cos = float(np.dot(ref.ravel(), cand.ravel()) / (np.linalg.norm(ref) * np.linalg.norm(cand)))
+    assert d.cosine == pytest.approx(expected_cos)
+    assert d.snr_db == pytest.approx(10 * math.log10(30.0 / 0.25))
+    assert not d.passed and "max_abs 0.5" in d.failures[0]
+
+
+def test_new_nan_and_inf_fail_but_shared_ones_do_not() -> None:
+    ref = np.array([1.0, np.nan, np.inf, 4.0], np.float32)
+    same = compare_arrays("y", ref, ref.copy(), TOL)
+    assert same.passed and same.nan_ref == same.nan_cand == 1 and same.inf_ref == same.inf_cand == 1
+    worse = compare_arrays("y", ref, np.array([np.nan, np.nan, np.inf, 4.0], np.float32), TOL)
+    assert not worse.passed and worse.nan_cand == 2 and "1 new NaN" in worse.failures[0]
+    inf = compare_arrays("y", ref, np.array([1.0, np.nan, np.inf, -np.inf], np.float32), TOL)
+    assert not inf.passed and inf.inf_cand == 2
+
+
+def test_empty_output_passes_with_zero_elements() -> None:
+    d = compare_arrays("y", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), TOL)
+    assert d.passed and d.elements == 0 and d.max_abs == 0
+
+
+def test_zeros_where_the_reference_is_small_fail_on_shape() -> None:
+    # Absolute tolerance alone passes this candidate; the cosine criterion does not.
+    ref = np.random.default_rng(0).standard_normal(100).astype(np.float32) * 1e-3
+    d = compare_arrays("y", ref, np.zeros_like(ref), TOL)
+    assert d.max_abs < TOL.atol
+    assert not d.passed and any("cosine" in f for f in d.failures)
+
+
+def test_constant_reference_skips_cosine() -> None:
+    ref = np.full(10, 0.5, np.float32)
+    d = compare_arrays("y", ref, ref + 1e-4, TOL)
+    assert d.passed
+
+
+def test_integer_outputs_must_match() -> None:
+    ref = np.array([1, 2, 3], np.int64)
+    assert compare_arrays("ids", ref, ref.copy(), TOL).passed
+    d = compare_arrays("ids", ref, np.array([1, 2, 4], np.int64), TOL)
+    assert not d.passed and d.mismatch_pct == pytest.approx(100 / 3)
+
+
+# ---- inputs -------------------------------------------------------------------------------
+def _token_model() -> onnx.ModelProto:
+    table = onnx.numpy_helper.from_array(np.ones((50, 4), np.float32), "table")
+    graph = h.make_graph(
+        [h.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+         h.make_node("Gather", ["table", "ids32"], ["emb"]),
+         h.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+         h.make_node("Unsqueeze", ["m", "axes"], ["m3"]),
+         h.make_node("Mul", ["emb", "m3"], ["y"])],
+        "tokens",
+        [h.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         h.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [table, onnx.numpy_helper.from_array(np.array([2], np.int64), "axes")],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_synthesis_finds_vocab_and_masks() -> None:
+    feeds = synthesize(_token_model(), InputSpec(shapes={"input_ids": (2, 64)}, seed=3))
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    assert ids.shape == (2, 64) and ids.dtype == np.int64 and ids.max() < 50 and ids.max() > 25
+    assert mask.shape == (1, 8)  # default: first symbolic axis 1, others 8
+    assert set(np.unique(mask)) <= {0, 1}
+    again = synthesize(_token_model(), InputSpec(shapes={"input_ids": (2, 64)}, seed=3))
+    assert np.array_equal(again["input_ids"], ids)  # seeded
+
+
+def test_integer_scalar_needs_a_range() -> None:
+    graph = h.make_graph([h.make_node("Cast", ["rate"], ["y"], to=TensorProto.FLOAT)], "g",
+                         [h.make_tensor_value_info("rate", TensorProto.INT64, [])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    with pytest.raises(InputError, match="integer scalar"):
+        synthesize(model, InputSpec())
+    feeds = synthesize(model, InputSpec(ranges={"rate": (16000, 16001)}))
+    assert int(feeds["rate"]) == 16000
+
+
+# ---- end to end ---------------------------------------------------------------------------
+def _save(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / f"{name}.onnx"
+    onnx.save({**HEALTHY, **BROKEN_IN_F16}[name]().model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("policy", ["always-f16", "auto-mixed", "auto-mixed-bf16"])
+def test_healthy_conversion_passes(policy: str, tmp_path: Path) -> None:
+    src = _save("transformer_block", tmp_path)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    result = rlx(str(src), "--policy", policy, "-o", str(out), "--verify", "--report-json", str(report),
+                 "--shape", "x:2x8x32", "--shape", "attention_mask:2x8", "--samples", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    v = json.loads(report.read_text())["verify"]
+    assert v["passed"] and v["provider"] in ("cpu", "cuda", "coreml") and v["samples"] == 2
+    assert v["inputs"] == {"x": [2, 8, 32], "attention_mask": [2, 8]}
+    assert v["emulated"] == (v["provider"] == "cpu" or policy == "auto-mixed-bf16")
+    assert v["precision"] == ("bf16" if policy == "auto-mixed-bf16" else "f16")
+    (out_json,) = v["outputs"]
+    assert out_json["name"] == "y" and out_json["max_abs"] > 0 and out_json["cosine"] > 0.999
+
+
+@pytest.mark.parametrize("name", list(BROKEN_IN_F16))
+def test_broken_conversion_fails_and_localize_names_the_node(name: str, tmp_path: Path) -> None:
+    src = _save(name, tmp_path)
+    out, report, md = tmp_path / "out.onnx", tmp_path / "r.json", tmp_path / "r.md"
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(out), "--verify", "--localize",
+                 "--report-json", str(report), "--report-md", str(md))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert report.exists() and md.exists()  # reports are written on drift too
+    v = json.loads(report.read_text())["verify"]
+    assert not v["passed"] and not v["outputs"][0]["passed"]
+    first = v["localized"][0]
+    assert first["op"] == BROKEN_IN_F16[name]().breaks_f16_at, v["localized"]
+    assert "FAIL" in md.read_text() and first["node"] in md.read_text()
+
+
+def test_json_numbers_match_an_independent_computation(tmp_path: Path) -> None:
+    src = _save("conv_net", tmp_path)
+    out = tmp_path / "out.onnx"
+    convert_file(src, out, "always-f16")
+    inputs, report = tmp_path / "inputs.npz", tmp_path / "r.json"
+    result = rlx("verify", str(src), str(out), "--provider", "cpu", "--no-emulate", "--seed", "7",
+                 "--save-inputs", str(inputs), "--report-json", str(report))
+    assert result.returncode == 0, result.stderr
+    v = json.loads(report.read_text())["verify"]
+    assert v["emulated"] is False and v["providers_used"][0] == "CPUExecutionProvider"
+    feeds = dict(np.load(inputs))
+    ref = ort.InferenceSession(str(src)).run(None, feeds)[0].astype(np.float64)
+    cand = ort.InferenceSession(str(out)).run(None, feeds)[0].astype(np.float64)
+    got = v["outputs"][0]
+    assert got["max_abs"] == pytest.approx(np.max(np.abs(ref - cand)), rel=1e-9)
+    assert got["mean_abs"] == pytest.approx(np.mean(np.abs(ref - cand)), rel=1e-9)
+    cos = np.dot(ref.ravel(), cand.ravel()) / (np.linalg.norm(ref) * np.linalg.norm(cand))
+    assert got["cosine"] == pytest.approx(cos, rel=1e-12)
+    # the saved inputs fed back give the same report
+    again = rlx("verify", str(src), str(out), "--provider", "cpu", "--no-emulate", "--inputs", str(inputs), "--report-json", str(report))
+    assert again.returncode == 0 and json.loads(report.read_text())["verify"]["outputs"][0]["max_abs"] == got["max_abs"]
+
+
+def test_per_output_tolerance_flips_the_verdict(tmp_path: Path) -> None:
+    src = _save("conv_net", tmp_path)
+    out = tmp_path / "out.onnx"
+    convert_file(src, out, "always-f16")
+    assert rlx("verify", str(src), str(out)).returncode == 0
+    strict = rlx("verify", str(src), str(out), "--atol", "logits:1e-9", "--rtol", "0")
+    assert strict.returncode == 1 and "FAIL" in strict.stdout
+
+
+def test_bf16_without_emulation_cannot_run_on_cpu(tmp_path: Path) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA provider present: bf16 may run natively")
+    src = _save("transformer_block", tmp_path)
+    out = tmp_path / "out.onnx"
+    convert_file(src, out, "auto-mixed-bf16")
+    result = rlx("verify", str(src), str(out), "--provider", "cpu", "--no-emulate")
+    assert result.returncode == 3, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "cannot load it on cpu" in result.stderr
+
+
+def test_unavailable_provider_is_an_error(tmp_path: Path) -> None:
+    missing = [p for p, full in (("cuda", "CUDAExecutionProvider"), ("coreml", "CoreMLExecutionProvider"))
+               if full not in ort.get_available_providers()]
+    if not missing:
+        pytest.skip("every provider is available here")
+    src = _save("conv_net", tmp_path)
+    result = rlx("verify", str(src), str(src), "--provider", missing[0])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--provider {missing[0]}" in result.stderr
+
+
+def test_bad_verify_inputs(tmp_path: Path) -> None:
+    src = _save("conv_net", tmp_path)
+    np.savez(tmp_path / "wrong.npz", other=np.zeros(3, np.float32))
+    result = rlx("verify", str(src), str(src), "--inputs", str(tmp_path / "wrong.npz"))
+    assert result.returncode == 2 and "no value for input(s) image" in result.stderr
+    result = rlx("verify", str(src), str(tmp_path / "missing.onnx"))
+    assert result.returncode == 2 and "missing.onnx: no such file" in result.stderr
+
+
+def test_batch_form_with_one_summary(tmp_path: Path) -> None:
+    good, bad = _save("conv_net", tmp_path), _save("exp_overflow", tmp_path)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    md = tmp_path / "summary.md"
+    result = rlx(str(good), str(bad), "--policy", "always-f16", "--out-dir", str(outdir), "--verify", "--report-md", str(md))
+    assert result.returncode == 1
+    assert "1 of 2 models passed; failed:" in result.stdout and "exp_overflow.onnx" in result.stdout
+    text = md.read_text()
+    assert "❌ failed" in text and "conv_net.onnx" in text and "exp_overflow.onnx" in text
