@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import onnx
@@ -124,14 +124,18 @@ def _has_external(model: ModelProto) -> bool:
     return any(is_external(t) for t in _all_tensors(model))
 
 
+def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    try:
+        return n * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError):
+        return n
+
+
 def _weight_bytes(model: ModelProto) -> int:
-    total = 0
-    for t in _all_tensors(model):
-        n = 1
-        for d in t.dims:
-            n *= d
-        total += n * 4
-    return total
+    return sum(_tensor_nbytes(t) for t in _all_tensors(model))
 
 
 def convert_file(
@@ -144,11 +148,13 @@ def convert_file(
     data_name: str | None = None,
     check: bool = True,
     report: ConversionReport | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ConversionReport:
     """Convert a model file to `output_path`, streaming weights stored as external data.
 
     The output appears only when it is complete and passes the checker: it is written to
-    temporary files beside `output_path` and renamed into place.
+    temporary files beside `output_path` and renamed into place. `progress(done, total)` is
+    called with weight bytes as tensors are written.
     """
     src, dst = Path(input_path), Path(output_path)
     resolved = resolve_policy(policy, kind_map)
@@ -181,8 +187,17 @@ def convert_file(
             sink = ExternalSink(Path(tmp_data), data_file)
         else:
             sink = WeightSink()
+        total, done = sum(_tensor_nbytes(t) for t in model.graph.initializer), 0
+
+        def step(nbytes: int) -> None:
+            nonlocal done
+            done += nbytes
+            if progress is not None:
+                progress(done, total)
+
         try:
-            convert_model(model, resolved, options or ConvertOptions(), source=WeightSource(src.parent, str(src)), sink=sink, report=report)
+            convert_model(model, resolved, options or ConvertOptions(), source=WeightSource(src.parent, str(src)), sink=sink,
+                          report=report, progress=step)
         finally:
             sink.close()
         try:

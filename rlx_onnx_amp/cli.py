@@ -173,7 +173,9 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
         reports: list[ConversionReport] = []
         verified: list[tuple[ConversionReport, VerifyReport]] = []
         for src, dst in zip(models, outputs):
-            report = convert_file(src, dst, resolved, options=options, data_name=data_name if len(models) == 1 else None)
+            with _Progress(f"converting {Path(src).name}", enabled=not quiet) as progress:
+                report = convert_file(src, dst, resolved, options=options, data_name=data_name if len(models) == 1 else None,
+                                      progress=progress)
             reports.append(report)
             if not quiet:
                 click.echo(render.conversion_table(report))
@@ -194,6 +196,32 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
         return EXIT_DRIFT if any(not v.passed for _, v in verified) else EXIT_OK
 
     _run_guarded(run)
+
+
+class _Progress:
+    """A progress bar on stderr, only when stderr is a terminal and not --quiet."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label = label
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.shown = 0
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < (64 << 20):  # small models finish before a bar helps
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=False, show_percent=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.shown)
+        self.shown = done
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
 
 
 def _write_text(path: str, text: str) -> None:

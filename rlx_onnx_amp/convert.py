@@ -28,7 +28,7 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
@@ -144,8 +144,10 @@ class _Converter:
         sink: WeightSink,
         report: ConversionReport,
         weights: bool = True,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         self.weights = weights
+        self.progress = progress
         self.model = model
         self.policy = policy
         self.options = options
@@ -525,13 +527,14 @@ class _Converter:
             if target is not None and target != init.data_type:
                 precision = precision_of_elem_type(target)
                 assert precision is not None
-                low, stats = narrow(self.source.read(init), precision)
+                stats, written = self.sink.store_narrowed(init, self.source, precision)
                 self._record_clamp(init.name, stats)
-                self.sink.store(init, low, target)
-                self.report.initializer_bytes_after += low.nbytes
+                self.report.initializer_bytes_after += written
             else:
                 self.sink.copy_through(init, self.source)
                 self.report.initializer_bytes_after += before
+            if self.progress is not None:
+                self.progress(before)
 
     # ---- driver ------------------------------------------------------------------------
     def run(self) -> None:
@@ -644,10 +647,12 @@ def convert_model(
     sink: WeightSink | None = None,
     report: ConversionReport | None = None,
     weights: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> ConversionReport:
     """Rewrite `model` in place under `policy`; returns the conversion report.
 
     With `weights=False` initializers are left as they are (a dry run for `inspect`).
+    `progress`, if given, is called with the bytes of each initializer once it is written.
     """
     if isinstance(policy, str):
         policy = policy_from_name(policy)
@@ -656,7 +661,7 @@ def convert_model(
     report.policy = policy
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
-    converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights)
+    converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress)
     converter.run()
     return report
 

@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 # Align tensors in the external data file like onnx's own writer does for large tensors.
 _ALIGN = 4096
 
+# Streaming narrows large external tensors this many elements at a time, so memory stays
+# bounded by a chunk rather than by the largest tensor.
+CHUNK_ELEMENTS = 1 << 22
+
 
 @dataclass
 class ClampStats:
@@ -39,6 +43,12 @@ class ClampStats:
 
     def to_json(self) -> dict[str, float | int]:
         return {"clamped": self.clamped, "worst": self.worst, "flushed_to_zero": self.flushed}
+
+    def add(self, other: ClampStats) -> None:
+        self.clamped += other.clamped
+        self.flushed += other.flushed
+        if abs(other.worst) > abs(self.worst):
+            self.worst = other.worst
 
 
 def narrow(array: np.ndarray, precision: Precision) -> tuple[np.ndarray, ClampStats]:
@@ -139,6 +149,12 @@ class WeightSink:
     def store(self, tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
         set_array(tensor, array, elem_type)
 
+    def store_narrowed(self, tensor: TensorProto, source: WeightSource, precision: Precision) -> tuple[ClampStats, int]:
+        """Narrow `tensor` (read from `source`) to `precision` and store it; (stats, bytes written)."""
+        low, stats = narrow(source.read(tensor), precision)
+        self.store(tensor, low, precision.elem_type)
+        return stats, low.nbytes
+
     def copy_through(self, tensor: TensorProto, source: WeightSource) -> None:
         """An unconverted tensor: bring its data into the output unchanged."""
         if is_external(tensor):
@@ -164,20 +180,45 @@ class ExternalSink(WeightSink):
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._offset = 0
 
-    def _append(self, tensor: TensorProto, data: bytes | memoryview) -> None:
+    def _align(self) -> None:
         pad = (-self._offset) % _ALIGN
         if pad:
             self._file.write(b"\0" * pad)
             self._offset += pad
-        self._file.write(data)
+
+    def _point(self, tensor: TensorProto, offset: int, length: int) -> None:
         tensor.ClearField("raw_data")
         tensor.ClearField("float_data")
         tensor.ClearField("external_data")
         tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", self.location), ("offset", str(self._offset)), ("length", str(len(data)))):
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(length))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
+
+    def _append(self, tensor: TensorProto, data: bytes | memoryview) -> None:
+        self._align()
+        self._file.write(data)
+        self._point(tensor, self._offset, len(data))
         self._offset += len(data)
+
+    def _copy_external(self, tensor: TensorProto, source: WeightSource) -> None:
+        """Copy an external tensor's bytes in chunks (integer tensors pass through unchanged)."""
+        source.check(tensor)
+        info = _external_info(tensor)
+        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+        self._align()
+        start = self._offset
+        with open(source.external_path(tensor), "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            remaining = length
+            while remaining:
+                block = f.read(min(remaining, CHUNK_ELEMENTS * 4))
+                if not block:
+                    raise InputError(f"{source.model_name}: external data for tensor {tensor.name!r} ends early")
+                self._file.write(block)
+                remaining -= len(block)
+        self._offset += length
+        self._point(tensor, start, length)
 
     def store(self, tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
         data = np.ascontiguousarray(array)
@@ -187,9 +228,32 @@ class ExternalSink(WeightSink):
         tensor.data_type = elem_type
         self._append(tensor, memoryview(data.reshape(-1).view(np.uint8)))
 
+    def store_narrowed(self, tensor: TensorProto, source: WeightSource, precision: Precision) -> tuple[ClampStats, int]:
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        if not is_external(tensor) or count <= CHUNK_ELEMENTS:
+            return super().store_narrowed(tensor, source, precision)
+        source.check(tensor)
+        path = source.external_path(tensor)
+        base = int(_external_info(tensor).get("offset", 0))
+        src_dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        stats, written = ClampStats(), 0
+        self._align()
+        start = self._offset
+        for first in range(0, count, CHUNK_ELEMENTS):
+            n = min(CHUNK_ELEMENTS, count - first)
+            chunk = np.fromfile(path, dtype=src_dtype, count=n, offset=base + first * src_dtype.itemsize)
+            low, chunk_stats = narrow(chunk, precision)
+            stats.add(chunk_stats)
+            self._file.write(memoryview(low.view(np.uint8)))
+            written += low.nbytes
+        self._offset += written
+        self._point(tensor, start, written)
+        tensor.data_type = precision.elem_type
+        return stats, written
+
     def copy_through(self, tensor: TensorProto, source: WeightSource) -> None:
         if is_external(tensor):
-            self._append(tensor, source.read_bytes(tensor))
+            self._copy_external(tensor, source)
         elif _nbytes(tensor) >= self.threshold and tensor.HasField("raw_data"):
             self._append(tensor, tensor.raw_data)
 

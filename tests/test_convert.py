@@ -223,7 +223,11 @@ def test_report_json_keys_and_bytes() -> None:
     assert data["initializer_bytes"] == {"before": floats + ints, "after": floats // 2 + ints}
 
 
-def test_external_data_streaming_matches_in_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [1 << 22, 1000])
+def test_external_data_streaming_matches_in_memory(chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlx_onnx_amp.tensors
+
+    monkeypatch.setattr(rlx_onnx_amp.tensors, "CHUNK_ELEMENTS", chunk)  # 1000: every weight streams in chunks
     fixture = HEALTHY["mlp_external"]()
     src = write_external(fixture, tmp_path / "mlp.onnx")
     data_before = (tmp_path / "mlp.onnx.data").read_bytes()
