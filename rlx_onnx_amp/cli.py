@@ -22,6 +22,7 @@ from rlx_onnx_amp.api import convert_file, load_model, make_options
 from rlx_onnx_amp.errors import AmpError, InputError
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
+from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.verify import InputSpec, VerifyOptions, VerifyReport, verify
 from rlx_onnx_amp.verify.inputs import parse_range, parse_shape
@@ -155,24 +156,41 @@ def main() -> None:
 @click.option("--report-json", metavar="PATH", help="Write the conversion report as JSON.")
 @click.option("--report-md", metavar="PATH", help="Write a Markdown summary (with --verify: the drift report).")
 @click.option("--verify", "do_verify", is_flag=True, help="Verify each output against its input model (drift report, exit 1 on drift).")
+@click.option("--repair", "do_repair", is_flag=True, help="Verify, and keep the nodes responsible for drift in f32 until it passes.")
+@click.option("--repair-budget", default=DEFAULT_BUDGET, show_default=True, help="Most candidate evaluations --repair may use.")
 @_verify_options
 @click.option("--quiet", "-q", is_flag=True, help="No table, no progress.")
 @click.option("-v", "--verbose", count=True, help="Log what the rewrite does (-vv for debug).")
 def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_file: str | None,
                 output: str | None, out_dir: str | None, keep_f32_op: Sequence[str], keep_f32_node: Sequence[str],
                 keep_io_types: bool, data_name: str | None, report_json: str | None, report_md: str | None,
-                do_verify: bool, quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
+                do_verify: bool, do_repair: bool, repair_budget: int, quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
     """Convert MODEL to mixed precision under a policy."""
     _setup_logging(verbose)
 
     def run() -> int:
         resolved = _policy(policy, map_text, map_file)
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node)
-        verify_options = _make_verify_options(**verify_kwargs) if do_verify else None
+        verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
+        if repair_budget < 1:
+            raise InputError("--repair-budget must be at least 1")
         outputs = _output_paths(models, output, out_dir)
         reports: list[ConversionReport] = []
         verified: list[tuple[ConversionReport, VerifyReport]] = []
         for src, dst in zip(models, outputs):
+            if do_repair:
+                assert verify_options is not None
+                report, result, repaired = repair_file(
+                    src, dst, resolved, options=options, verify_options=verify_options, budget=repair_budget,
+                    data_name=data_name if len(models) == 1 else None,
+                    progress=None if quiet else (lambda line: click.echo(f"repair: {line}", err=True)))
+                reports.append(report)
+                verified.append((report, result))
+                if not quiet:
+                    click.echo(render.conversion_table(report))
+                    click.echo(render.repair_summary(repaired))
+                    click.echo(render.verify_table(result))
+                continue
             with _Progress(f"converting {Path(src).name}", enabled=not quiet) as progress:
                 report = convert_file(src, dst, resolved, options=options, data_name=data_name if len(models) == 1 else None,
                                       progress=progress)

@@ -7,7 +7,7 @@ from typing import Any
 
 from rlx_onnx_amp.report import ConversionReport
 
-__all__ = ["conversion_markdown", "conversion_table", "inspect_table", "table", "verify_markdown", "verify_table"]
+__all__ = ["conversion_markdown", "conversion_table", "inspect_table", "table", "repair_summary", "verify_markdown", "verify_table"]
 
 _PRECISION_COLUMNS = ("f32", "f16", "bf16", "none")
 
@@ -130,3 +130,16 @@ def verify_markdown(entries: Sequence[tuple[Any, Any]]) -> str:
             out += [f"| `{d['node']}` | {d['op']} | `{d['tensor']}` | {d['reason']} | {_g(d['rel_error'])} |" for d in v.localized]
         out.append("")
     return "\n".join(out)
+
+
+def repair_summary(result: Any) -> str:
+    lines = [f"repair: {'met the tolerance' if result.passed else 'budget spent before the tolerance was met; wrote the best model found'} "
+             f"after {result.evaluations} evaluations; {len(result.kept)} nodes kept f32; "
+             f"low precision: {_share(result.compute_low_share)} of Compute nodes, {_share(result.weight_low_share)} of float weight bytes"]
+    if result.kept:
+        lines.append(table(("kept f32", "op", "reason", "path"), [[v["node"], v["op"], v["reason"], p] for p, v in result.kept.items()]))
+    return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"

@@ -1,0 +1,102 @@
+"""Auto-repair: each f16 failure mode comes out passing, with most nodes still low, quickly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
+from rlx_onnx_amp.repair import repair_file
+from rlx_onnx_amp.verify import VerifyOptions
+
+
+def rlx(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def _cancellation_model() -> onnx.ModelProto:
+    """y = Tanh((x + 1000) - 1000): no value leaves the f16 range, but the f16 sum loses x's
+    digits (spacing 0.5 at 1000). No magnitude rule sees it; localization names the Sub, and
+    bisection finds the Add."""
+    rng = np.random.default_rng(5)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float32), "w")
+    big = onnx.numpy_helper.from_array(np.array(1000.0, np.float32), "big")
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["x", "w"], ["m"], name="proj"), h.make_node("Relu", ["m"], ["r"], name="relu"),
+         h.make_node("Add", ["r", "big"], ["shifted"], name="shift"), h.make_node("Sub", ["shifted", "big"], ["back"], name="unshift"),
+         h.make_node("Tanh", ["back"], ["t"], name="tanh"), h.make_node("Mul", ["t", "x"], ["y"], name="gate")],
+        "cancellation", [h.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [w, big])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("name", list(BROKEN_IN_F16))
+def test_repair_fixes_each_failure_mode(name: str, tmp_path: Path) -> None:
+    src = tmp_path / f"{name}.onnx"
+    onnx.save(BROKEN_IN_F16[name]().model, str(src))
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    # Without repair the conversion fails verification...
+    assert rlx(str(src), "--policy", "always-f16", "-o", str(out), "--verify", "-q").returncode == 1
+    # ... with it, it passes the default tolerance.
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(out), "--repair", "--report-json", str(report))
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(report.read_text())
+    rep, ver = data["repair"], data["verify"]
+    assert rep["passed"] and ver["passed"]
+    assert rep["evaluations"] <= 4
+    reasons = {k["reason"] for k in rep["kept_f32"]}
+    assert reasons <= {"overflow", "underflow", "drift"} and reasons
+    assert {"underflow"} <= reasons if name == "eps_underflow" else "overflow" in reasons
+    nodes = data["nodes"]
+    assert nodes["by_precision"]["f16"] >= nodes["by_precision"]["f32"] - 1  # most nodes stay low
+    assert all(k["reason"].startswith("repair: ") for k in data["kept_f32"] if k["path"] in {r["path"] for r in rep["kept_f32"]})
+    onnx.checker.check_model(str(out), full_check=True)
+
+
+def test_bisection_finds_what_magnitudes_cannot(tmp_path: Path) -> None:
+    src = tmp_path / "cancel.onnx"
+    onnx.save(_cancellation_model(), str(src))
+    conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16", verify_options=VerifyOptions(provider="cpu"))
+    assert verified.passed and result.passed
+    kept = {v["node"]: v["reason"] for v in result.kept.values()}
+    assert kept.get("shift") == "drift" and kept.get("unshift") == "drift"
+    assert "proj" not in kept and "tanh" not in kept  # the rest stays f16
+    stages = [h["stage"] for h in result.history]
+    assert stages[0] == "policy" and any(s.startswith("localize") for s in stages) and any(s.startswith("bisect") for s in stages)
+    assert result.evaluations <= 12
+
+
+def test_repair_is_deterministic(tmp_path: Path) -> None:
+    src = tmp_path / "cancel.onnx"
+    onnx.save(_cancellation_model(), str(src))
+    repair_file(src, tmp_path / "a.onnx", "always-f16")
+    repair_file(src, tmp_path / "b.onnx", "always-f16")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_budget_exhausted_writes_best_and_exits_1(tmp_path: Path) -> None:
+    src = tmp_path / "cancel.onnx"
+    onnx.save(_cancellation_model(), str(src))
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(out), "--repair", "--repair-budget", "2", "--report-json", str(report))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "budget spent" in result.stdout and out.exists()
+    data = json.loads(report.read_text())
+    assert data["repair"]["evaluations"] <= 2 and not data["repair"]["passed"]
+
+
+def test_healthy_model_needs_no_repair(tmp_path: Path) -> None:
+    src = tmp_path / "block.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "auto-mixed")
+    assert result.passed and result.evaluations == 1 and result.kept == {}
+    assert result.compute_low_share == 0.0  # auto-mixed keeps Compute in f32 by policy
+    assert 0 < result.weight_low_share < 1
