@@ -80,6 +80,8 @@ def _all_tensors(model: ModelProto) -> Iterable[onnx.TensorProto]:
     def in_graph(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
         yield from graph.initializer
         for node in graph.node:
+            if not node.attribute:
+                continue
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     yield attr.t

@@ -37,7 +37,7 @@ from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
-from rlx_onnx_amp.schema import signature
+from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow
 from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, infer_types, subgraphs
@@ -61,7 +61,7 @@ class ConvertOptions:
     keep_f32_paths: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeDecision:
     """What the rewrite does to one node."""
 
@@ -96,8 +96,11 @@ class _Scope:
         self.rename: dict[str, str] = {}
         self.cast_cache: dict[tuple[str, int], str] = {}
         self.quantized_inputs: set[str] = set()  # values read by QuantizeLinear
+        self.has_qdq = False  # this scope or an enclosing one holds Q/DQ nodes
 
     def in_qdq_region(self, node: NodeProto) -> bool:
+        if not self.has_qdq:
+            return False
         if any(n in self.quantized_inputs for n in node.output):
             return True
         for name in node.input:
@@ -158,6 +161,7 @@ class _Converter:
         self.opsets.setdefault("", self.opsets.get("ai.onnx", 1))
         self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
         self.used_names: set[str] = set()
+        self._group_cache: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], str | None]] = {}
         self.casts_inserted = 0
         self.clamped: dict[str, ClampStats] = {}
 
@@ -183,6 +187,8 @@ class _Converter:
     # ---- sweep 1: decide ---------------------------------------------------------------
     def decide_scope(self, scope: _Scope, types: ScopeTypes) -> None:
         scope.quantized_inputs = {n.input[0] for n in scope.graph.node if n.op_type in QDQ_CONSUMERS and n.input}
+        scope.has_qdq = bool(scope.quantized_inputs) or (scope.parent is not None and scope.parent.has_qdq) or any(
+            n.op_type in QDQ_PRODUCERS for n in scope.graph.node)
         for i, node in enumerate(scope.graph.node):
             path = f"{scope.path}{i}"
             children = []
@@ -247,7 +253,7 @@ class _Converter:
         in_types = [scope.orig_type(n) if n else None for n in node.input]
         out_types: list[int | None] = [scope.orig.get(n) if n else None for n in node.output]
         # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
-        if sig is not None:
+        if sig is not None and None in out_types:
             for g in sig.groups:
                 known = [in_types[k] for k in g.inputs if in_types[k] is not None]
                 known += [out_types[k] for k in g.outputs if out_types[k] is not None]
@@ -296,31 +302,46 @@ class _Converter:
         if sig is None:
             d.reason = f"no schema for {node.op_type} at opset {self._node_opset(node)}"
             return d
+        lowered = self._lower_groups(node, sig, tuple(in_types), tuple(out_types), tuple(d.input_types), target)
+        in_low, out_low, reason = lowered
+        if in_low or out_low:
+            d.precision = target
+            d.input_types.update((k, target.elem_type) for k in in_low if node.input[k])
+            d.output_types.update((k, target.elem_type) for k in out_low)
+        d.reason = reason
+        return d
+
+    def _lower_groups(self, node: NodeProto, sig: OpSignature, in_types: tuple[int | None, ...], out_types: tuple[int | None, ...],
+                      any_inputs: tuple[int, ...], target: Precision) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
+        """(inputs to lower, outputs to lower, reason when nothing could be): memoized, since
+        most nodes of a model share a handful of signatures."""
+        key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target)
+        cached = self._group_cache.get(key)
+        if cached is not None:
+            return cached
         want = target.elem_type
         blocked: list[str] = []
+        in_low: list[int] = []
+        out_low: list[int] = []
         fixed_vars = ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else frozenset()
         for g in sig.groups:
             if g.var in fixed_vars:
                 continue
-            members = [in_types[k] for k in g.inputs if k not in d.input_types] + [out_types[k] for k in g.outputs]
+            members = [in_types[k] for k in g.inputs if k not in any_inputs] + [out_types[k] for k in g.outputs]
             known = {t for t in members if t is not None}
             if not known or not known <= {_F32, want}:
                 continue  # non-float, unknown, or already another precision: left alone
             if _F32 in known and _TYPE_STR[want] not in g.allowed:
                 blocked.append(g.var.split("#")[0])
                 continue
-            d.precision = target
-            for k in g.inputs:
-                if k not in d.input_types and node.input[k]:
-                    d.input_types[k] = want
-            for k in g.outputs:
-                d.output_types[k] = want
-        if d.precision is None and blocked:
-            d.reason = (
-                f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for "
-                f"{', '.join(sorted(set(blocked)))}"
-            )
-        return d
+            in_low.extend(k for k in g.inputs if k not in any_inputs)
+            out_low.extend(g.outputs)
+        reason = None
+        if not in_low and not out_low and blocked:
+            reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {', '.join(sorted(set(blocked)))}"
+        result = (tuple(in_low), tuple(out_low), reason)
+        self._group_cache[key] = result
+        return result
 
     # ---- sweep 2: store ----------------------------------------------------------------
     def _single_low(self, scope: _Scope, name: str) -> int | None:
@@ -443,6 +464,8 @@ class _Converter:
 
     def _retype_attributes(self, d: NodeDecision, scope: _Scope) -> None:
         node = d.node
+        if not node.attribute and not d.source:
+            return
         elem = d.precision.elem_type if d.precision else _F32
         if d.source:
             attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
@@ -562,17 +585,19 @@ class _Converter:
 
     def _fill_report(self, main: _Scope) -> None:
         report = self.report
+        unknown: list[str] = []
         for d, scope in _walk(main):
             prec = _reported_precision(d, scope)
-            report.count_node(d.kind, (f"{d.node.domain}." if d.node.domain not in ('', 'ai.onnx') else '') + d.node.op_type, prec)
+            op = (f"{d.node.domain}." if d.node.domain not in ("", "ai.onnx") else "") + d.node.op_type
+            report.count_node(d.kind, op, prec)
+            report.decisions[d.path] = prec or "none"
             if d.reason:
                 report.kept_f32.append(KeptNode(d.label, d.node.op_type, d.reason, d.path))
+            if d.kind is None:
+                unknown.append(op)
         report.casts_inserted = self.casts_inserted
         report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
-        report.unknown_ops = sorted(Counter(
-            f"{d.node.domain + '.' if d.node.domain else ''}{d.node.op_type}" for d, _ in _walk(main) if d.kind is None
-        ))
-        report.decisions = {d.path: (prec if (prec := _reported_precision(d, s)) else "none") for d, s in _walk(main)}
+        report.unknown_ops = sorted(set(unknown))
 
 
 def _walk(scope: _Scope) -> Iterator[tuple[NodeDecision, _Scope]]:
@@ -585,13 +610,17 @@ def _walk(scope: _Scope) -> Iterator[tuple[NodeDecision, _Scope]]:
 def _reported_precision(d: NodeDecision, scope: _Scope) -> str | None:
     if d.precision is not None:
         return d.precision.value
-    types = [scope.storage_type(n) for n in (*d.node.output, *d.node.input) if n]
-    floats = [t for t in types if _is_float(t)]
-    if not floats:
-        return None
-    outs = [scope.storage_type(n) for n in d.node.output if n and _is_float(scope.storage_type(n))]
-    chosen = precision_of_elem_type((outs or floats)[0] or 0)
-    return chosen.value if chosen else None
+    saw_float = False
+    for names in (d.node.output, d.node.input):
+        for n in names:
+            if n:
+                elem = scope.storage_type(n)
+                if elem in FLOAT_TYPES:
+                    if names is d.node.output or not saw_float:
+                        chosen = precision_of_elem_type(elem)
+                        return chosen.value if chosen else None
+                    saw_float = True
+    return None
 
 
 def _kernel_gap(node: NodeProto) -> str | None:

@@ -30,7 +30,9 @@ ScopeTypes = dict[str, dict[str, int]]
 
 def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
     """The graphs held in a node's attributes, with a stable key for each."""
-    found = []
+    found: list[tuple[str, GraphProto]] = []
+    if not node.attribute:
+        return found
     for attr in node.attribute:
         if attr.type == AttributeProto.GRAPH:
             found.append((attr.name, attr.g))
