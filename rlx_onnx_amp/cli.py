@@ -198,6 +198,7 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
             if not quiet:
                 click.echo(render.conversion_table(report))
             if verify_options is not None:
+                _status(f"verifying {dst} against {src} ...", enabled=not quiet)
                 result = verify(src, dst, verify_options)
                 report.verify = result.to_json()
                 verified.append((report, result))
@@ -214,6 +215,12 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
         return EXIT_DRIFT if any(not v.passed for _, v in verified) else EXIT_OK
 
     _run_guarded(run)
+
+
+def _status(line: str, enabled: bool) -> None:
+    """A status line for long steps, on a terminal only."""
+    if enabled and sys.stderr.isatty():
+        click.echo(line, err=True)
 
 
 class _Progress:
@@ -282,6 +289,7 @@ def verify_cmd(reference: str, candidate: str, report_json: str | None, report_m
     _setup_logging(verbose)
 
     def run() -> int:
+        _status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
         result = verify(reference, candidate, _make_verify_options(**verify_kwargs))
         if not quiet:
             click.echo(render.verify_table(result))

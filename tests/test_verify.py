@@ -217,6 +217,20 @@ def test_unavailable_provider_is_an_error(tmp_path: Path) -> None:
     assert f"--provider {missing[0]}" in result.stderr
 
 
+def test_inputs_from_a_directory_of_pb_tensors(tmp_path: Path) -> None:
+    src = _save("conv_net", tmp_path)
+    out = tmp_path / "out.onnx"
+    convert_file(src, out, "always-f16")
+    data = tmp_path / "test_data_set_0"
+    data.mkdir()
+    image = np.random.default_rng(1).uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    (data / "input_0.pb").write_bytes(onnx.numpy_helper.from_array(image, "image").SerializeToString())
+    saved, report = tmp_path / "used.npz", tmp_path / "r.json"
+    result = rlx("verify", str(src), str(out), "--inputs", str(data), "--save-inputs", str(saved), "--report-json", str(report))
+    assert result.returncode == 0, result.stderr
+    assert np.array_equal(np.load(saved)["image"], image)
+
+
 def test_bad_verify_inputs(tmp_path: Path) -> None:
     src = _save("conv_net", tmp_path)
     np.savez(tmp_path / "wrong.npz", other=np.zeros(3, np.float32))
