@@ -68,6 +68,11 @@ class NodeDecision:
     path: str  # stable id: node index in its graph, prefixed by the path of its scope
     node: NodeProto
     kind: OpKind | None
+    # The node's fields, read once from the protobuf (field access there is slow).
+    op: str = ""
+    domain: str = ""
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
     precision: Precision | None = None  # the low precision it runs at; None: original types
     input_types: dict[int, int | None] = field(default_factory=dict)  # required; None: any
     output_types: dict[int, int] = field(default_factory=dict)
@@ -76,7 +81,7 @@ class NodeDecision:
 
     @property
     def label(self) -> str:
-        return self.node.name or f"{self.node.op_type}@{self.path}"
+        return self.node.name or f"{self.op}@{self.path}"
 
 
 class _Scope:
@@ -98,15 +103,15 @@ class _Scope:
         self.quantized_inputs: set[str] = set()  # values read by QuantizeLinear
         self.has_qdq = False  # this scope or an enclosing one holds Q/DQ nodes
 
-    def in_qdq_region(self, node: NodeProto) -> bool:
+    def in_qdq_region(self, d: NodeDecision) -> bool:
         if not self.has_qdq:
             return False
-        if any(n in self.quantized_inputs for n in node.output):
+        if any(n in self.quantized_inputs for n in d.outputs):
             return True
-        for name in node.input:
+        for name in d.inputs:
             scope = self.owner(name) if name else None
             producer = scope.producer.get(name) if scope else None
-            if producer is not None and producer.node.op_type in QDQ_PRODUCERS:
+            if producer is not None and producer.op in QDQ_PRODUCERS:
                 return True
         return False
 
@@ -167,14 +172,10 @@ class _Converter:
 
     # ---- names -------------------------------------------------------------------------
     def _collect_names(self, graph: GraphProto) -> None:
+        """Names of the graph's declared values; node names and outputs are added while deciding."""
         for vi in (*graph.input, *graph.output, *graph.value_info):
             self.used_names.add(vi.name)
         self.used_names.update(t.name for t in graph.initializer)
-        for node in graph.node:
-            self.used_names.update(node.output)
-            self.used_names.add(node.name)
-            for _, sub in subgraphs(node):
-                self._collect_names(sub)
 
     def fresh(self, base: str) -> str:
         name, k = base, 0
@@ -195,6 +196,7 @@ class _Converter:
             for key, sub in subgraphs(node):
                 child_path = f"{path}/{key}/"
                 child = _Scope(sub, child_path, scope, types.get(child_path, {}))
+                self._collect_names(sub)
                 children.append(child)
             if children:
                 scope.children[i] = children
@@ -204,14 +206,16 @@ class _Converter:
                 self.decide_scope(child, types)
                 for out in child.graph.output:  # bodies hand back their original types
                     self._want(child, out.name, child.orig_type(out.name))
-            for k, name in enumerate(node.output):
+            self.used_names.update(decision.outputs)
+            self.used_names.add(node.name)
+            for k, name in enumerate(decision.outputs):
                 if not name:
                     continue
                 scope.defined.add(name)
                 scope.producer[name] = decision
                 if k in decision.output_types:
                     scope.storage[name] = decision.output_types[k]
-            for k, name in enumerate(node.input):
+            for k, name in enumerate(decision.inputs):
                 if name:
                     self._want(scope, name, self._required(decision, scope, k))
         if scope.parent is None:
@@ -230,7 +234,7 @@ class _Converter:
         """The type node input `k` must be read at (None: any)."""
         if k in d.input_types:
             return d.input_types[k]
-        return scope.orig_type(d.node.input[k])
+        return scope.orig_type(d.inputs[k])
 
     def _node_opset(self, node: NodeProto) -> int:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
@@ -247,11 +251,13 @@ class _Converter:
         return None
 
     def _decide(self, node: NodeProto, path: str, scope: _Scope, *, has_subgraph: bool) -> NodeDecision:
-        kind = kind_of(node.domain, node.op_type)
-        d = NodeDecision(path, node, kind)
+        op, domain = node.op_type, node.domain
+        ins, outs = list(node.input), list(node.output)
+        kind = kind_of(domain, op)
+        d = NodeDecision(path, node, kind, op, domain, ins, outs)
         sig = signature(node, self._node_opset(node))
-        in_types = [scope.orig_type(n) if n else None for n in node.input]
-        out_types: list[int | None] = [scope.orig.get(n) if n else None for n in node.output]
+        in_types = [scope.orig_type(n) if n else None for n in ins]
+        out_types: list[int | None] = [scope.orig.get(n) if n else None for n in outs]
         # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
         if sig is not None and None in out_types:
             for g in sig.groups:
@@ -260,21 +266,21 @@ class _Converter:
                 single = next(iter(g.allowed)) if len(g.allowed) == 1 else None
                 elem = known[0] if known else _elem_of_type_str(single)
                 for k in g.outputs:
-                    if out_types[k] is None and elem is not None and node.output[k]:
+                    if out_types[k] is None and elem is not None and outs[k]:
                         out_types[k] = elem
-                        scope.orig[node.output[k]] = elem
-        attr_source = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+                        scope.orig[outs[k]] = elem
+        attr_source = SOURCE_VALUE_ATTRIBUTES.get(op) if domain in ("", "ai.onnx") else None
         if attr_source:
             value_elem = _source_elem(node, attr_source)
-            if value_elem is not None and node.output and node.output[0]:
+            if value_elem is not None and outs and outs[0]:
                 out_types[0] = out_types[0] or value_elem
-                scope.orig[node.output[0]] = out_types[0]
+                scope.orig[outs[0]] = out_types[0]
             d.source = True
             return d
-        for k in ANY_FLOAT_INPUTS.get(node.op_type, ()):
-            if k < len(node.input):
+        for k in ANY_FLOAT_INPUTS.get(op, ()):
+            if k < len(ins):
                 d.input_types[k] = None
-        if node.op_type in FIXED_TYPE_OPS:
+        if op in FIXED_TYPE_OPS:
             return d  # keeps its `to` (rule 4); consumers at another type get a Cast after it
         if NON_TENSOR in in_types or NON_TENSOR in out_types:
             d.reason = "sequence/optional values keep their types"
@@ -296,7 +302,7 @@ class _Converter:
         if gap:
             d.reason = f"kernel: {gap}"
             return d
-        if scope.in_qdq_region(node):
+        if scope.in_qdq_region(d):
             d.reason = "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
             return d
         if sig is None:
@@ -306,7 +312,7 @@ class _Converter:
         in_low, out_low, reason = lowered
         if in_low or out_low:
             d.precision = target
-            d.input_types.update((k, target.elem_type) for k in in_low if node.input[k])
+            d.input_types.update((k, target.elem_type) for k in in_low if ins[k])
             d.output_types.update((k, target.elem_type) for k in out_low)
         d.reason = reason
         return d
@@ -362,8 +368,8 @@ class _Converter:
             if init.data_type == _F32 and (low := self._single_low(scope, init.name)):
                 scope.storage[init.name] = low
         for d in scope.decisions:
-            if d.source and d.node.output and d.node.output[0]:
-                name = d.node.output[0]
+            if d.source and d.outputs and d.outputs[0]:
+                name = d.outputs[0]
                 low = self._single_low(scope, name)
                 sig = signature(d.node, self._node_opset(d.node))
                 admits = sig is None or all(_TYPE_STR.get(low or 0, "") in g.allowed for g in sig.groups if g.outputs)
@@ -387,8 +393,8 @@ class _Converter:
             return scope.cast_cache[key]
         owner = scope.owner(name)
         producer = owner.producer.get(name) if owner else None
-        if producer is not None and producer.node.op_type == "Cast" and producer.node.input:
-            inner = producer.node.input[0]
+        if producer is not None and producer.op == "Cast" and producer.inputs:
+            inner = producer.inputs[0]
             inner_type = owner.storage_type(inner) if owner else None
             if inner_type == want and have == _F32:
                 # Cast(low -> f32) read back at low: the chain adds nothing (rule 7).
@@ -437,17 +443,21 @@ class _Converter:
             node = d.node
             for child in scope.children.get(i, []):
                 self.emit_scope(child)
-            for k, name in enumerate(node.input):
+            for k, name in enumerate(d.inputs):
                 if name:
-                    node.input[k] = self.resolve(scope, name, self._required(d, scope, k), new_nodes)
-            originals = list(node.output)
-            for k, name in enumerate(originals):
-                if name in scope.rename:
-                    node.output[k] = scope.rename[name]
+                    resolved = self.resolve(scope, name, self._required(d, scope, k), new_nodes)
+                    if resolved != name:
+                        node.input[k] = resolved
+            originals = d.outputs
+            if scope.rename:
+                for k, name in enumerate(originals):
+                    if name in scope.rename:
+                        node.output[k] = scope.rename[name]
             if d.precision is not None:
                 self._retype_attributes(d, scope)
             new_nodes.append(node)
-            new_nodes.extend(after[name] for name in originals if name in after)
+            if after:
+                new_nodes.extend(after[name] for name in originals if name in after)
         if not is_main:
             for out in graph.output:  # body outputs keep their types; they may be renamed
                 want = scope.orig_type(out.name)
@@ -588,11 +598,11 @@ class _Converter:
         unknown: list[str] = []
         for d, scope in _walk(main):
             prec = _reported_precision(d, scope)
-            op = (f"{d.node.domain}." if d.node.domain not in ("", "ai.onnx") else "") + d.node.op_type
+            op = (f"{d.domain}." if d.domain not in ("", "ai.onnx") else "") + d.op
             report.count_node(d.kind, op, prec)
             report.decisions[d.path] = prec or "none"
             if d.reason:
-                report.kept_f32.append(KeptNode(d.label, d.node.op_type, d.reason, d.path))
+                report.kept_f32.append(KeptNode(d.label, d.op, d.reason, d.path))
             if d.kind is None:
                 unknown.append(op)
         report.casts_inserted = self.casts_inserted
@@ -611,12 +621,12 @@ def _reported_precision(d: NodeDecision, scope: _Scope) -> str | None:
     if d.precision is not None:
         return d.precision.value
     saw_float = False
-    for names in (d.node.output, d.node.input):
+    for names in (d.outputs, d.inputs):
         for n in names:
             if n:
                 elem = scope.storage_type(n)
                 if elem in FLOAT_TYPES:
-                    if names is d.node.output or not saw_float:
+                    if names is d.outputs or not saw_float:
                         chosen = precision_of_elem_type(elem)
                         return chosen.value if chosen else None
                     saw_float = True
