@@ -415,8 +415,14 @@ class _Converter:
         vi = scope.graph.value_info.add()
         vi.name = name
         vi.type.tensor_type.elem_type = elem
-        if shape is not None and shape.HasField("tensor_type") and shape.tensor_type.HasField("shape"):
-            vi.type.tensor_type.shape.CopyFrom(shape.tensor_type.shape)
+        if shape is not None:
+            dims = vi.type.tensor_type.shape.dim
+            for size in shape:
+                dim = dims.add()
+                if isinstance(size, int):
+                    dim.dim_value = size
+                elif size:
+                    dim.dim_param = size
 
     def emit_scope(self, scope: _Scope) -> None:
         graph = scope.graph

@@ -44,6 +44,7 @@ class PrecisionInfo:
     type_str: str  # as written in ONNX type constraints
     np_dtype: np.dtype
     max_finite: float
+    overflow_at: float  # the smallest magnitude that rounds to Inf (max_finite plus half an ulp)
     smallest_subnormal: float
     # Default drift tolerances for a candidate computed at this precision (see README).
     atol: float
@@ -54,17 +55,18 @@ class PrecisionInfo:
 PRECISIONS: Mapping[Precision, PrecisionInfo] = {
     Precision.F32: PrecisionInfo(
         Precision.F32, TensorProto.FLOAT, "tensor(float)", np.dtype(np.float32),
-        float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal),
+        float(np.finfo(np.float32).max), float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal),
         atol=1e-4, rtol=1e-4, min_cosine=0.99999,
     ),
     Precision.F16: PrecisionInfo(
         Precision.F16, TensorProto.FLOAT16, "tensor(float16)", np.dtype(np.float16),
-        65504.0, float(np.finfo(np.float16).smallest_subnormal),
+        65504.0, 65520.0, float(np.finfo(np.float16).smallest_subnormal),
         atol=1e-2, rtol=1e-2, min_cosine=0.999,
     ),
     Precision.BF16: PrecisionInfo(
         Precision.BF16, TensorProto.BFLOAT16, "tensor(bfloat16)", np.dtype(ml_dtypes.bfloat16),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).max),
+        float(ml_dtypes.finfo(ml_dtypes.bfloat16).max) * (1 + 2**-8),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
         atol=5e-2, rtol=5e-2, min_cosine=0.995,
     ),

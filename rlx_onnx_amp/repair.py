@@ -21,7 +21,6 @@ seen is written either way.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +37,10 @@ from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.types import infer_types
 from rlx_onnx_amp.verify.core import (
-    VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _tolerance, materialize,
+    Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _tolerance,
     resolve_provider, verify,
 )
-from rlx_onnx_amp.verify.emulate import low_precision_values
+from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
 from rlx_onnx_amp.verify.inputs import load_inputs, synthesize
 from rlx_onnx_amp.verify.localize import localize
 from rlx_onnx_amp.verify.metrics import compare_arrays
@@ -94,14 +93,17 @@ def _expose(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
     return out
 
 
-def magnitude_screen(model: onnx.ModelProto, base_dir: Path, feeds: Mapping[str, np.ndarray], precision: Precision,
-                     provider: str, tmp: Path) -> dict[str, str]:
-    """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference."""
+def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_dir: Path, feeds: Mapping[str, np.ndarray],
+                     precision: Precision, provider: str, tmp: Scratch) -> dict[str, str]:
+    """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
+    weights and constants narrowed as `candidate` holds them (a -3.4e38 mask clamped to -65504
+    is no overflow)."""
     info = PRECISIONS[precision]
+    model, _ = emulate(model, candidate, computed=False)
     types, _ = infer_types(model)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
-    session = _Session(str(materialize(_expose(model, names), base_dir, tmp, "screen.onnx")), provider, "reference")
+    session = _Session(str(tmp.materialize(_expose(model, names), base_dir, "screen.onnx")), provider, "reference")
     values = session.run(feeds, names)
     producer = {o: str(i) for i, n in enumerate(model.graph.node) for o in n.output}
     consumers: dict[str, list[tuple[int, int]]] = {}
@@ -114,7 +116,7 @@ def magnitude_screen(model: onnx.ModelProto, base_dir: Path, feeds: Mapping[str,
         finite = v[np.isfinite(v)]
         if not finite.size:
             continue
-        if float(np.max(np.abs(finite))) > info.max_finite:
+        if float(np.max(np.abs(finite))) >= info.overflow_at:
             keep.setdefault(producer[name], "overflow")
             for i, _ in consumers.get(name, []):
                 keep.setdefault(str(i), "overflow")
@@ -132,7 +134,7 @@ def magnitude_screen(model: onnx.ModelProto, base_dir: Path, feeds: Mapping[str,
 class _Evaluator:
     """Converts the reference with a set of kept node paths and measures the drift."""
 
-    def __init__(self, ref_path: Path, policy: Policy, options: ConvertOptions, verify_options: VerifyOptions, tmp: Path) -> None:
+    def __init__(self, ref_path: Path, policy: Policy, options: ConvertOptions, verify_options: VerifyOptions, tmp: Scratch) -> None:
         self.ref_path = ref_path
         self.policy = policy
         self.options = options
@@ -163,7 +165,7 @@ class _Evaluator:
         precision = _lowest_precision(low)
         compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if self._emulate(precision) else candidate
         feed_low = low if compared is not candidate else {}
-        session = _Session(str(materialize(compared, self.ref_path.parent, self.tmp, "repair.onnx")), self.provider, "candidate")
+        session = _Session(str(self.tmp.materialize(compared, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
         drifts, score = [], 0.0
         for name in self.output_names:
             ref = _stack([r[name] for r in self.reference])
@@ -215,8 +217,7 @@ def repair_file(
     resolved = resolve_policy(policy)
     options = options or ConvertOptions()
     verify_options = verify_options or VerifyOptions()
-    with tempfile.TemporaryDirectory(prefix="rlx-amp-repair-") as tmp_name:
-        tmp = Path(tmp_name)
+    with Scratch("rlx-amp-repair-") as tmp:
         ev = _Evaluator(src, resolved, options, verify_options, tmp)
         keep: dict[str, str] = {}
         history: list[dict[str, Any]] = []
@@ -232,7 +233,7 @@ def repair_file(
         best = (score, dict(keep))
         precision = _lowest_precision(low_precision_values(ev.convert({})[0]))
         if not passed and precision is not Precision.F32:
-            screen = magnitude_screen(ev.model, src.parent, ev.samples[0], precision, ev.provider, tmp)
+            screen = magnitude_screen(ev.model, ev.convert({})[0], src.parent, ev.samples[0], precision, ev.provider, tmp)
             low_now = set(_low_paths(report))
             screen = {p: r for p, r in screen.items() if p in low_now}
             if screen:

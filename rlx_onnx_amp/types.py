@@ -78,7 +78,11 @@ def _collect(graph: GraphProto, path: str, out: ScopeTypes) -> None:
             _collect(sub, f"{path}{i}/{key}/", out)
 
 
-def infer_types(model: ModelProto) -> tuple[ScopeTypes, dict[str, onnx.TypeProto]]:
+#: A tensor shape: per axis its size, its symbolic name, or None when unknown.
+Shape = tuple[int | str | None, ...]
+
+
+def infer_types(model: ModelProto) -> tuple[ScopeTypes, dict[str, Shape]]:
     """Element types per scope, and the inferred TypeProto (with shapes) of main-graph values."""
     stub = _structure_copy(model)
     try:
@@ -88,5 +92,9 @@ def infer_types(model: ModelProto) -> tuple[ScopeTypes, dict[str, onnx.TypeProto
         inferred = stub
     out: ScopeTypes = {}
     _collect(inferred.graph, "", out)
-    shapes = {vi.name: vi.type for vi in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+    # Plain tuples, so the inferred model (as large as the graph) is freed on return.
+    shapes: dict[str, Shape] = {}
+    for vi in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim)
     return out, shapes

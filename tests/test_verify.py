@@ -217,6 +217,20 @@ def test_unavailable_provider_is_an_error(tmp_path: Path) -> None:
     assert f"--provider {missing[0]}" in result.stderr
 
 
+def test_emulation_of_a_model_with_external_data(tmp_path: Path) -> None:
+    from fixtures.make_fixtures import write_external
+
+    src = write_external(HEALTHY["mlp_external"](), tmp_path / "mlp.onnx")
+    out = tmp_path / "out.onnx"
+    # MatMul weights stay f32 in the reference's data file; the biases are narrowed.
+    result = rlx(str(src), "--policy", "always-f16", "--keep-f32-op", "MatMul", "-o", str(out), "--verify", "--localize",
+                 "--provider", "cpu", "--report-json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    v = json.loads((tmp_path / "r.json").read_text())["verify"]
+    assert v["emulated"] and v["passed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx", "mlp.onnx.data", "out.onnx", "out.onnx.data", "r.json"]
+
+
 def test_inputs_from_a_directory_of_pb_tensors(tmp_path: Path) -> None:
     src = _save("conv_net", tmp_path)
     out = tmp_path / "out.onnx"

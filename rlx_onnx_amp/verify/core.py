@@ -207,13 +207,12 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
         want_emulation = True
     if want_emulation is None and provider == "cpu" and precision is not Precision.F32:
         want_emulation, reason = True, "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic"
-    with tempfile.TemporaryDirectory(prefix="rlx-amp-verify-") as tmp_name:
-        tmp = Path(tmp_name)
+    with Scratch("rlx-amp-verify-") as tmp:
         if want_emulation and precision is not Precision.F32:
             emulated = True
             reason = reason or "asked with --emulate"
             compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp), ref_path.parent
-            cand_session = _Session(str(materialize(compared_model, compared_dir, tmp, "emulated.onnx")), provider, f"emulated {cand_path}")
+            cand_session = _Session(str(tmp.materialize(compared_model, compared_dir, "emulated.onnx")), provider, f"emulated {cand_path}")
             feed_low: Mapping[str, int] = low
         else:
             assert cand_session is not None
@@ -286,16 +285,41 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
     return arrays[0] if len(arrays) == 1 else np.stack(arrays)
 
 
-def materialize(model: onnx.ModelProto, base_dir: Path, tmp: Path, name: str) -> Path:
-    """Save `model` into `tmp`, linking the external data files it reads from `base_dir`."""
-    for location in _external_locations(model):
-        link = tmp / location
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to((base_dir / location).resolve())
-    path = tmp / name
-    onnx.save(model, str(path))
-    return path
+class Scratch:
+    """Temporary files of a verification. Models that read external data are written beside
+    that data (onnxruntime refuses data outside a model's directory, links included) under
+    hidden unique names; everything is removed on exit."""
+
+    def __init__(self, prefix: str) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        self.dir = Path(self._tmp.name)
+        self.beside_files: list[Path] = []
+
+    def __enter__(self) -> Scratch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in self.beside_files:
+            f.unlink(missing_ok=True)
+        self._tmp.cleanup()
+
+    def beside(self, directory: Path, name: str) -> Path:
+        """A fresh file name in `directory`, removed on exit."""
+        fd, path = tempfile.mkstemp(prefix=f".rlx-amp-{name}.", dir=directory)
+        os.close(fd)
+        self.beside_files.append(Path(path))
+        return Path(path)
+
+    def materialize(self, model: onnx.ModelProto, base_dir: Path, name: str) -> Path:
+        """Save `model`, which reads its external data (if any) from `base_dir`."""
+        if _external_locations(model):
+            if not os.access(base_dir, os.W_OK):
+                raise InputError(f"{base_dir}: verifying a model with external data needs a writable directory for a temporary model")
+            path = self.beside(base_dir, name)
+        else:
+            path = self.dir / name
+        onnx.save(model, str(path))
+        return path
 
 
 def _external_locations(model: onnx.ModelProto) -> set[str]:
@@ -307,9 +331,12 @@ def _external_locations(model: onnx.ModelProto) -> set[str]:
 _EMULATED_DATA = "rlx-amp-emulated.data"
 
 
-def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
+def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx.ModelProto, scratch: Scratch) -> onnx.ModelProto:
     source = WeightSource(ref_path.parent, str(ref_path))
-    sink: WeightSink = ExternalSink(tmp / _EMULATED_DATA, _EMULATED_DATA) if _has_external(ref_model) else WeightSink()
+    sink: WeightSink = WeightSink()
+    if _has_external(ref_model):  # rounded weights go beside the reference's own data
+        data = scratch.beside(ref_path.parent, _EMULATED_DATA)
+        sink = ExternalSink(data, data.name)
     try:
         model, rounded = emulate(ref_model, cand_model, source, sink)
     finally:

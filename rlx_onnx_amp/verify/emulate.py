@@ -10,6 +10,7 @@ and runs no bf16 arithmetic at all.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto, helper
 
@@ -54,8 +55,13 @@ def _graphs(graph: GraphProto) -> list[GraphProto]:
 
 
 def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource | None = None,
-            sink: WeightSink | None = None) -> tuple[ModelProto, int]:
-    """The emulated candidate, and how many values it rounds. Rounded weights go to `sink`."""
+            sink: WeightSink | None = None, *, computed: bool = True) -> tuple[ModelProto, int]:
+    """The emulated candidate, and how many values it rounds. Rounded weights go to `sink`.
+
+    With `computed=False` weights and constants are only clamped to the low type's range, as
+    converted, and not rounded: the f32 graph then shows the magnitudes the converted model's
+    values would take, small values (an epsilon that would flush) included.
+    """
     low = low_precision_values(candidate)
     model = ModelProto()
     model.CopyFrom(reference)
@@ -78,8 +84,13 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
     def round_tensor(tensor: TensorProto, elem: int) -> None:
         precision = precision_of_elem_type(elem)
         assert precision is not None
-        narrowed, _ = narrow(source.read(tensor), precision)
-        sink.store(tensor, narrowed.astype("float32"), _F32)
+        values = source.read(tensor).astype("float32")
+        if computed:
+            values = narrow(values, precision)[0].astype("float32")
+        else:
+            limit = precision.info.max_finite
+            values = np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype("float32")
+        sink.store(tensor, values, _F32)
 
     for graph in _graphs(model.graph):
         for init in graph.initializer:
@@ -96,7 +107,7 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
                     round_tensor(attrs[attr_name].t, low[node.output[0]])
                     rounded += 1
                     continue
-            for k, name in enumerate(node.output):
+            for k, name in enumerate(node.output if computed else ()):
                 if name in low and name in f32_names:
                     exact = fresh(f"{name}__exact")
                     node.output[k] = exact

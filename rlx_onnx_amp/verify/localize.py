@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -19,6 +19,9 @@ import onnx
 from rlx_onnx_amp.precision import FLOAT_TYPES
 from rlx_onnx_amp.types import infer_types
 from rlx_onnx_amp.verify.metrics import Tolerance
+
+if TYPE_CHECKING:
+    from rlx_onnx_amp.verify.core import Scratch
 
 __all__ = ["JUMP", "localize", "tensor_errors"]
 
@@ -55,15 +58,15 @@ def tensor_errors(reference: np.ndarray, candidate: np.ndarray) -> dict[str, flo
 
 def localize(
     ref_model: onnx.ModelProto, ref_dir: Path, cand_model: onnx.ModelProto, cand_dir: Path, feeds: Mapping[str, np.ndarray],
-    feed_low: Mapping[str, int], provider: str, tmp: Path, tol: Tolerance, top: int,
+    feed_low: Mapping[str, int], provider: str, tmp: Scratch, tol: Tolerance, top: int,
 ) -> list[dict[str, Any]]:
-    from rlx_onnx_amp.verify.core import _round_feeds, _Session, materialize
+    from rlx_onnx_amp.verify.core import _round_feeds, _Session
 
     ref_names = _float_values(ref_model)
     cand_names = set(o for node in cand_model.graph.node for o in node.output)
     shared = [n for n in ref_names if n in cand_names]
-    ref_session = _Session(str(materialize(_exposed(ref_model, shared), ref_dir, tmp, "localize_ref.onnx")), provider, "reference")
-    cand_session = _Session(str(materialize(_exposed(cand_model, shared), cand_dir, tmp, "localize_cand.onnx")), provider, "candidate")
+    ref_session = _Session(str(tmp.materialize(_exposed(ref_model, shared), ref_dir, "localize_ref.onnx")), provider, "reference")
+    cand_session = _Session(str(tmp.materialize(_exposed(cand_model, shared), cand_dir, "localize_cand.onnx")), provider, "candidate")
     ref_values = ref_session.run(feeds, shared)
     cand_values = cand_session.run(_round_feeds(feeds, feed_low) if feed_low else feeds, shared)
     errors = {n: tensor_errors(ref_values[n], cand_values[n]) for n in shared}
