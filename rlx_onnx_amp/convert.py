@@ -37,7 +37,7 @@ from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
-from rlx_onnx_amp.schema import OpSignature, signature
+from rlx_onnx_amp.schema import OpSignature, signature, signature_of
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow
 from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, infer_types, subgraphs
@@ -255,7 +255,7 @@ class _Converter:
         ins, outs = list(node.input), list(node.output)
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
-        sig = signature(node, self._node_opset(node))
+        sig = signature_of(domain, op, self.opsets.get("" if domain == "ai.onnx" else domain, 1), len(ins), len(outs))
         in_types = [scope.orig_type(n) if n else None for n in ins]
         out_types: list[int | None] = [scope.orig.get(n) if n else None for n in outs]
         # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
@@ -411,18 +411,10 @@ class _Converter:
         return cast_out
 
     def _value_info(self, scope: _Scope, like: str, name: str, elem: int) -> None:
-        shape = self.shapes.get(like) if scope.parent is None else None
+        """Declare the type of a new value (its shape is left to inference)."""
         vi = scope.graph.value_info.add()
         vi.name = name
         vi.type.tensor_type.elem_type = elem
-        if shape is not None:
-            dims = vi.type.tensor_type.shape.dim
-            for size in shape:
-                dim = dims.add()
-                if isinstance(size, int):
-                    dim.dim_value = size
-                elif size:
-                    dim.dim_param = size
 
     def emit_scope(self, scope: _Scope) -> None:
         graph = scope.graph
@@ -480,7 +472,7 @@ class _Converter:
 
     def _retype_attributes(self, d: NodeDecision, scope: _Scope) -> None:
         node = d.node
-        if not node.attribute and not d.source:
+        if not d.source and d.op not in TYPED_TENSOR_ATTRIBUTES and d.op not in TYPE_ATTRIBUTES:
             return
         elem = d.precision.elem_type if d.precision else _F32
         if d.source:
@@ -578,7 +570,7 @@ class _Converter:
     # ---- driver ------------------------------------------------------------------------
     def run(self) -> None:
         self._collect_names(self.model.graph)
-        types, self.shapes = infer_types(self.model)
+        types = infer_types(self.model)
         main = _Scope(self.model.graph, "", None, types.get("", {}))
         self.decide_scope(main, types)
         self.store_scope(main)

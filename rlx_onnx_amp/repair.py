@@ -100,7 +100,7 @@ def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_di
     is no overflow)."""
     info = PRECISIONS[precision]
     model, _ = emulate(model, candidate, computed=False)
-    types, _ = infer_types(model)
+    types = infer_types(model)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
     session = _Session(str(tmp.materialize(_expose(model, names), base_dir, "screen.onnx")), provider, "reference")

@@ -78,12 +78,8 @@ def _collect(graph: GraphProto, path: str, out: ScopeTypes) -> None:
             _collect(sub, f"{path}{i}/{key}/", out)
 
 
-#: A tensor shape: per axis its size, its symbolic name, or None when unknown.
-Shape = tuple[int | str | None, ...]
-
-
-def infer_types(model: ModelProto) -> tuple[ScopeTypes, dict[str, Shape]]:
-    """Element types per scope, and the inferred TypeProto (with shapes) of main-graph values."""
+def infer_types(model: ModelProto) -> ScopeTypes:
+    """Element types of the values of every scope."""
     stub = _structure_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(stub, check_type=False, strict_mode=False, data_prop=False)
@@ -92,9 +88,4 @@ def infer_types(model: ModelProto) -> tuple[ScopeTypes, dict[str, Shape]]:
         inferred = stub
     out: ScopeTypes = {}
     _collect(inferred.graph, "", out)
-    # Plain tuples, so the inferred model (as large as the graph) is freed on return.
-    shapes: dict[str, Shape] = {}
-    for vi in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim)
-    return out, shapes
+    return out

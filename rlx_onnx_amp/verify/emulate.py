@@ -26,7 +26,7 @@ _F32 = TensorProto.FLOAT
 
 def low_precision_values(candidate: ModelProto) -> dict[str, int]:
     """Name -> low element type, for every value the candidate holds in f16 or bf16."""
-    types, _ = infer_types(candidate)
+    types = infer_types(candidate)
     low: dict[str, int] = {}
     for scope in types.values():
         for name, elem in scope.items():
@@ -70,7 +70,7 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
     used = {n for g in _graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
     used |= {t.name for g in _graphs(model.graph) for t in g.initializer}
     rounded = 0
-    ref_types, _ = infer_types(reference)
+    ref_types = infer_types(reference)
     f32_names = {n for scope in ref_types.values() for n, t in scope.items() if t == _F32}
 
     def fresh(base: str) -> str:

@@ -37,7 +37,7 @@ def _exposed(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
 
 
 def _float_values(model: onnx.ModelProto) -> list[str]:
-    types, _ = infer_types(model)
+    types = infer_types(model)
     main = types.get("", {})
     return [o for node in model.graph.node for o in node.output if o and main.get(o) in FLOAT_TYPES]
 
