@@ -264,3 +264,17 @@ def test_batch_form_with_one_summary(tmp_path: Path) -> None:
     assert "1 of 2 models passed; failed:" in result.stdout and "exp_overflow.onnx" in result.stdout
     text = md.read_text()
     assert "❌ failed" in text and "conv_net.onnx" in text and "exp_overflow.onnx" in text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                    reason="onnxruntime here has no CUDA execution provider")
+@pytest.mark.parametrize("name, expect", [("transformer_block", 0), ("residual_sum", 1)])
+def test_native_f16_on_cuda(name: str, expect: int, tmp_path: Path) -> None:
+    src = _save(name, tmp_path)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(out), "--verify", "--provider", "cuda",
+                 "--report-json", str(report))
+    assert result.returncode == expect, result.stdout + result.stderr
+    v = json.loads(report.read_text())["verify"]
+    assert v["emulated"] is False and v["providers_used"][0] == "CUDAExecutionProvider"
