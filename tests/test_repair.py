@@ -100,3 +100,32 @@ def test_healthy_model_needs_no_repair(tmp_path: Path) -> None:
     assert result.passed and result.evaluations == 1 and result.kept == {}
     assert result.compute_low_share == 0.0  # auto-mixed keeps Compute in f32 by policy
     assert 0 < result.weight_low_share < 1
+
+
+def _loop_overflow_model() -> onnx.ModelProto:
+    """The overflow sits in a Loop body, where no main-graph tensor shows it:
+    Loop 2 times { v = Exp(16·v) / (Exp(16·v) + 1) } ─ Relu."""
+    vi = h.make_tensor_value_info
+    body = h.make_graph(
+        [h.make_node("Mul", ["v_in", "gain"], ["m"], name="body_gain"), h.make_node("Exp", ["m"], ["e"], name="body_exp"),
+         h.make_node("Add", ["e", "one"], ["s"], name="body_add"), h.make_node("Div", ["e", "s"], ["v_out"], name="body_div"),
+         h.make_node("Identity", ["c_in"], ["c_out"], name="body_cond")],
+        "body", [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("v_in", TensorProto.FLOAT, [4, 8])],
+        [vi("c_out", TensorProto.BOOL, []), vi("v_out", TensorProto.FLOAT, [4, 8])])
+    inits = [onnx.numpy_helper.from_array(np.array(2, np.int64), "trip"), onnx.numpy_helper.from_array(np.array(True), "go"),
+             onnx.numpy_helper.from_array(np.array(16.0, np.float32), "gain"), onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    graph = h.make_graph(
+        [h.make_node("Loop", ["trip", "go", "x"], ["v"], name="loop", body=body), h.make_node("Relu", ["v"], ["y"], name="relu")],
+        "loop_overflow", [vi("x", TensorProto.FLOAT, [4, 8])], [vi("y", TensorProto.FLOAT, [4, 8])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_bisection_searches_loop_bodies(tmp_path: Path) -> None:
+    src = tmp_path / "loop.onnx"
+    onnx.save(_loop_overflow_model(), str(src))
+    conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16")
+    assert verified.passed and result.passed, result.history
+    kept_paths = set(result.kept)
+    assert kept_paths and all(p.startswith("0/body/") for p in kept_paths)  # only body nodes, found by path
+    assert "0/body/0" not in kept_paths  # the gain Mul stays f16
+    assert result.evaluations <= 24

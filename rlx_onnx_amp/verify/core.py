@@ -211,6 +211,7 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
         if want_emulation and precision is not Precision.F32:
             emulated = True
             reason = reason or "asked with --emulate"
+            cand_session = None  # it loaded; free it so only two sessions are ever held
             compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp), ref_path.parent
             cand_session = _Session(str(tmp.materialize(compared_model, compared_dir, "emulated.onnx")), provider, f"emulated {cand_path}")
             feed_low: Mapping[str, int] = low

@@ -92,7 +92,9 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
             values = np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype("float32")
         sink.store(tensor, values, _F32)
 
-    for graph in _graphs(model.graph):
+    # Bodies first: rewriting a graph copies its nodes, bodies included, so a body must be
+    # final before the graph that holds it is rewritten.
+    for graph in reversed(_graphs(model.graph)):
         for init in graph.initializer:
             if init.data_type == _F32 and init.name in low:
                 round_tensor(init, low[init.name])
