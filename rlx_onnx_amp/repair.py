@@ -42,7 +42,7 @@ from rlx_onnx_amp.verify.core import (
 )
 from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
 from rlx_onnx_amp.verify.inputs import load_inputs, synthesize
-from rlx_onnx_amp.verify.localize import localize
+from rlx_onnx_amp.verify.localize import expose_outputs, localize
 from rlx_onnx_amp.verify.metrics import compare_arrays
 
 __all__ = ["DEFAULT_BUDGET", "RepairResult", "repair_file"]
@@ -81,18 +81,6 @@ class RepairResult:
         }
 
 
-def _main_graph_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return list(model.graph.node)
-
-
-def _expose(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    have = {o.name for o in out.graph.output}
-    out.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
-    return out
-
-
 def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_dir: Path, feeds: Mapping[str, np.ndarray],
                      precision: Precision, provider: str, tmp: Scratch) -> dict[str, str]:
     """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
@@ -103,7 +91,7 @@ def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_di
     types = infer_types(model)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
-    session = _Session(str(tmp.materialize(_expose(model, names), base_dir, "screen.onnx")), provider, "reference")
+    session = _Session(str(tmp.materialize(expose_outputs(model, names), base_dir, "screen.onnx")), provider, "reference")
     values = session.run(feeds, names)
     producer = {o: str(i) for i, n in enumerate(model.graph.node) for o in n.output}
     consumers: dict[str, list[tuple[int, int]]] = {}

@@ -9,7 +9,7 @@ the tolerance and is at least `JUMP` times the largest relative error of its inp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +23,13 @@ from rlx_onnx_amp.verify.metrics import Tolerance
 if TYPE_CHECKING:
     from rlx_onnx_amp.verify.core import Scratch
 
-__all__ = ["JUMP", "localize", "tensor_errors"]
+__all__ = ["JUMP", "expose_outputs", "localize", "tensor_errors"]
 
 JUMP = 10.0
 
 
-def _exposed(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+def expose_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """A copy of `model` with the main-graph values `names` added as graph outputs."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     have = {o.name for o in out.graph.output}
@@ -65,8 +66,8 @@ def localize(
     ref_names = _float_values(ref_model)
     cand_names = set(o for node in cand_model.graph.node for o in node.output)
     shared = [n for n in ref_names if n in cand_names]
-    ref_session = _Session(str(tmp.materialize(_exposed(ref_model, shared), ref_dir, "localize_ref.onnx")), provider, "reference")
-    cand_session = _Session(str(tmp.materialize(_exposed(cand_model, shared), cand_dir, "localize_cand.onnx")), provider, "candidate")
+    ref_session = _Session(str(tmp.materialize(expose_outputs(ref_model, shared), ref_dir, "localize_ref.onnx")), provider, "reference")
+    cand_session = _Session(str(tmp.materialize(expose_outputs(cand_model, shared), cand_dir, "localize_cand.onnx")), provider, "candidate")
     ref_values = ref_session.run(feeds, shared)
     cand_values = cand_session.run(_round_feeds(feeds, feed_low) if feed_low else feeds, shared)
     errors = {n: tensor_errors(ref_values[n], cand_values[n]) for n in shared}
