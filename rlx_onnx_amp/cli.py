@@ -27,7 +27,7 @@ from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.verify import InputSpec, VerifyOptions, VerifyReport, verify
 from rlx_onnx_amp.verify.inputs import parse_range, parse_shape
 
-EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_RUN = 0, 1, 2, 3
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
 
 
 class _DefaultGroup(click.Group):

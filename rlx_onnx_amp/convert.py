@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
@@ -407,10 +406,10 @@ class _Converter:
         out.append(helper.make_node("Cast", [actual], [cast_out], name=self.fresh(f"{cast_out}__cast"), to=want))
         self.casts_inserted += 1
         scope.cast_cache[key] = cast_out
-        self._value_info(scope, name, cast_out, want)
+        self._value_info(scope, cast_out, want)
         return cast_out
 
-    def _value_info(self, scope: _Scope, like: str, name: str, elem: int) -> None:
+    def _value_info(self, scope: _Scope, name: str, elem: int) -> None:
         """Declare the type of a new value (its shape is left to inference)."""
         vi = scope.graph.value_info.add()
         vi.name = name
@@ -435,7 +434,7 @@ class _Converter:
                     scope.cast_cache[(out.name, want)] = out.name
                     after[out.name] = helper.make_node("Cast", [low_name], [out.name], name=self.fresh(f"{out.name}__cast"), to=want)
                     self.casts_inserted += 1
-                    self._value_info(scope, out.name, low_name, have or 0)
+                    self._value_info(scope, low_name, have or 0)
         new_nodes: list[NodeProto] = []
         for i, d in enumerate(scope.decisions):
             node = d.node
@@ -701,11 +700,3 @@ def convert_model(
     converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress)
     converter.run()
     return report
-
-
-def iter_nodes(graph: GraphProto) -> Iterable[NodeProto]:
-    """Every node of a graph and of its bodies."""
-    for node in graph.node:
-        yield node
-        for _, sub in subgraphs(node):
-            yield from iter_nodes(sub)

@@ -7,7 +7,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from rlx_onnx_amp.errors import PolicyError
 from rlx_onnx_amp.precision import Precision
@@ -44,10 +44,6 @@ class Policy:
         if kind is OpKind.BOUNDARY:
             return Precision.F32
         return self.kinds.get(kind, Precision.F32)
-
-    @property
-    def low_precisions(self) -> frozenset[Precision]:
-        return frozenset(p for p in self.kinds.values() if p is not Precision.F32)
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "kinds": {k.value: self.precision_for(k).value for k in OpKind}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np

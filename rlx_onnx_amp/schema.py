@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 import onnx
 import onnx.defs

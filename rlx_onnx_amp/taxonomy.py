@@ -8,7 +8,7 @@ Coverage of every schema of the installed onnx is checked by a test.
 from __future__ import annotations
 
 import enum
-from typing import Mapping
+from collections.abc import Mapping
 
 __all__ = ["ANY_FLOAT_INPUTS", "ATTRIBUTE_TYPED_VARS", "FIXED_TYPE_OPS", "KERNEL_GAPS", "TYPED_TENSOR_ATTRIBUTES", "QDQ_CONSUMERS", "QDQ_PRODUCERS", "OP_KINDS", "OpKind", "SOURCE_VALUE_ATTRIBUTES", "TYPE_ATTRIBUTES", "kind_of"]
 

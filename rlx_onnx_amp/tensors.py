@@ -20,9 +20,9 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.precision import Precision, precision_of_elem_type
+from rlx_onnx_amp.precision import Precision
 
-__all__ = ["ClampStats", "ExternalSink", "InlineSink", "WeightSource", "WeightSink", "narrow"]
+__all__ = ["ClampStats", "ExternalSink", "WeightSink", "WeightSource", "narrow"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +175,6 @@ class WeightSink:
         """Flush what the sink holds."""
 
 
-InlineSink = WeightSink
-
 
 class ExternalSink(WeightSink):
     """Appends tensors of at least `threshold` bytes to one external data file."""
@@ -277,7 +275,3 @@ class ExternalSink(WeightSink):
 
     def close(self) -> None:
         self._file.close()
-
-
-def elem_precision(tensor: TensorProto) -> Precision | None:
-    return precision_of_elem_type(tensor.data_type)

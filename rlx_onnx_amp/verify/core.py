@@ -18,7 +18,6 @@ from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, is_external, narrow
-from rlx_onnx_amp.types import infer_types
 from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
 from rlx_onnx_amp.verify.inputs import InputSpec, load_inputs, synthesize
 from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
