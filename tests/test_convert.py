@@ -146,6 +146,8 @@ def test_existing_casts_keep_their_to() -> None:
     assert _node(converted, "pos_cast").attribute[0].i == TensorProto.FLOAT
     # relu_half reads the f16 value directly; the f32 round trip is not folded away
     assert _node(converted, "relu_half").input[0] == "x16"
+    # add_pos wants r32 = Cast(r16 -> f32) back at f16: the chain adds nothing, so it reads r16
+    assert _node(converted, "add_pos").input[0] == "r16"
 
 
 def test_schema_keeps_resize_scales_and_dynamic_quantize_input() -> None:
