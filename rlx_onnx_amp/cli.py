@@ -199,7 +199,8 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
                 click.echo(render.conversion_table(report))
             if verify_options is not None:
                 _status(f"verifying {dst} against {src} ...", enabled=not quiet)
-                result = verify(src, dst, verify_options)
+                with _StagedProgress(enabled=not quiet) as progress:
+                    result = verify(src, dst, verify_options, progress=progress)
                 report.verify = result.to_json()
                 verified.append((report, result))
                 if not quiet:
@@ -226,8 +227,9 @@ def _status(line: str, enabled: bool) -> None:
 class _Progress:
     """A progress bar on stderr, only when stderr is a terminal and not --quiet."""
 
-    def __init__(self, label: str, enabled: bool) -> None:
+    def __init__(self, label: str, enabled: bool, min_total: int = 64 << 20) -> None:
         self.label = label
+        self.min_total = min_total  # below this the work ends before a bar helps
         self.enabled = enabled and sys.stderr.isatty()
         self.bar: Any = None
         self.shown = 0
@@ -236,7 +238,7 @@ class _Progress:
         return self
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < (64 << 20):  # small models finish before a bar helps
+        if not self.enabled or total < self.min_total:
             return
         if self.bar is None:
             self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=False, show_percent=True)
@@ -247,6 +249,31 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
+
+
+class _StagedProgress:
+    """One progress bar per stage of a verification, on a terminal only."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.stage: str | None = None
+        self.bar: _Progress | None = None
+
+    def __enter__(self) -> _StagedProgress:
+        return self
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage != self.stage:
+            self.__exit__()
+            # Bars only for work long enough to watch: many weights, or several input sets.
+            self.stage, self.bar = stage, _Progress(stage, self.enabled, min_total=64 if stage == "rounding weights" else 4)
+        assert self.bar is not None
+        self.bar(done, total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__()
+            self.bar = None
 
 
 def _write_text(path: str, text: str) -> None:
@@ -290,7 +317,8 @@ def verify_cmd(reference: str, candidate: str, report_json: str | None, report_m
 
     def run() -> int:
         _status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
-        result = verify(reference, candidate, _make_verify_options(**verify_kwargs))
+        with _StagedProgress(enabled=not quiet) as progress:
+            result = verify(reference, candidate, _make_verify_options(**verify_kwargs), progress=progress)
         if not quiet:
             click.echo(render.verify_table(result))
         if report_json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,7 +171,12 @@ def _has_external(model: onnx.ModelProto) -> bool:
     return any(is_external(t) for t in model.graph.initializer)
 
 
-def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None) -> VerifyReport:
+#: progress(stage, done, total) for long steps: "rounding weights", "running".
+Progress = Callable[[str, int, int], None]
+
+
+def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None,
+           progress: Progress | None = None) -> VerifyReport:
     """Compare `candidate` against `reference` on the same inputs (see README, Verification)."""
     options = options or VerifyOptions()
     ref_path, cand_path = Path(reference), Path(candidate)
@@ -211,13 +216,13 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
             emulated = True
             reason = reason or "asked with --emulate"
             cand_session = None  # it loaded; free it so only two sessions are ever held
-            compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp), ref_path.parent
+            compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp, progress), ref_path.parent
             cand_session = _Session(str(tmp.materialize(compared_model, compared_dir, "emulated.onnx")), provider, f"emulated {cand_path}")
             feed_low: Mapping[str, int] = low
         else:
             assert cand_session is not None
             compared_model, compared_dir, feed_low = cand_model, cand_path.parent, {}
-        results = _run_all(ref_session, cand_session, samples, feed_low, options)
+        results = _run_all(ref_session, cand_session, samples, feed_low, options, progress)
         localized = None
         if options.localize:
             from rlx_onnx_amp.verify.localize import localize
@@ -269,10 +274,12 @@ def _round_feeds(feeds: Mapping[str, np.ndarray], low: Mapping[str, int]) -> dic
 
 
 def _run_all(ref: _Session, cand: _Session, samples: list[dict[str, np.ndarray]], low: Mapping[str, int],
-             options: VerifyOptions) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+             options: VerifyOptions, progress: Progress | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     names = ref.output_names
     collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
-    for feeds in samples:
+    for k, feeds in enumerate(samples):
+        if progress is not None:
+            progress("running", k, len(samples))
         r = ref.run(feeds)
         c = cand.run(_round_feeds(feeds, low) if low else feeds, names)
         for n in names:
@@ -331,14 +338,16 @@ def _external_locations(model: onnx.ModelProto) -> set[str]:
 _EMULATED_DATA = "rlx-amp-emulated.data"
 
 
-def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx.ModelProto, scratch: Scratch) -> onnx.ModelProto:
+def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx.ModelProto, scratch: Scratch,
+                    progress: Progress | None = None) -> onnx.ModelProto:
     source = WeightSource(ref_path.parent, str(ref_path))
     sink: WeightSink = WeightSink()
     if _has_external(ref_model):  # rounded weights go beside the reference's own data
         data = scratch.beside(ref_path.parent, _EMULATED_DATA)
         sink = ExternalSink(data, data.name)
     try:
-        model, rounded = emulate(ref_model, cand_model, source, sink)
+        step = (lambda done, total: progress("rounding weights", done, total)) if progress is not None else None
+        model, rounded = emulate(ref_model, cand_model, source, sink, progress=step)
     finally:
         sink.close()
     logger.info("emulated candidate: %d values rounded", rounded)

@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto, helper
 
+from collections.abc import Callable
+
 from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import WeightSink, WeightSource, narrow
@@ -55,12 +57,14 @@ def _graphs(graph: GraphProto) -> list[GraphProto]:
 
 
 def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource | None = None,
-            sink: WeightSink | None = None, *, computed: bool = True) -> tuple[ModelProto, int]:
+            sink: WeightSink | None = None, *, computed: bool = True,
+            progress: Callable[[int, int], None] | None = None) -> tuple[ModelProto, int]:
     """The emulated candidate, and how many values it rounds. Rounded weights go to `sink`.
 
     With `computed=False` weights and constants are only clamped to the low type's range, as
     converted, and not rounded: the f32 graph then shows the magnitudes the converted model's
-    values would take, small values (an epsilon that would flush) included.
+    values would take, small values (an epsilon that would flush) included. `progress(done,
+    total)` counts initializers rounded.
     """
     low = low_precision_values(candidate)
     model = ModelProto()
@@ -94,11 +98,15 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
 
     # Bodies first: rewriting a graph copies its nodes, bodies included, so a body must be
     # final before the graph that holds it is rewritten.
-    for graph in reversed(_graphs(model.graph)):
+    graphs = list(reversed(_graphs(model.graph)))
+    to_round = sum(1 for g in graphs for t in g.initializer if t.data_type == _F32 and t.name in low)
+    for graph in graphs:
         for init in graph.initializer:
             if init.data_type == _F32 and init.name in low:
                 round_tensor(init, low[init.name])
                 rounded += 1
+                if progress is not None:
+                    progress(rounded, to_round)
         new_nodes: list[onnx.NodeProto] = []
         for node in graph.node:
             new_nodes.append(node)
