@@ -16,6 +16,12 @@ convnext  ConvNextForImageClassification, depths [2, 2, 4, 2], hidden sizes [24,
           for large positive inputs and ~0 for large negative ones, so the block's float32
           output is roughly unchanged, but the 4x-wide hidden activation (pwconv1's output and
           the GELU internals) reaches ~2.2e5, past 65504: inf in float16.
+convnext_dw  the same ConvNeXt family, larger (depths [2, 2, 6, 2], hidden sizes [32, 64, 128, 256]),
+          with the overflow where onnxruntime's CPU provider keeps float16 storage: in stage 2,
+          block 1, the depthwise conv's weight and bias are multiplied by CONVNEXT_DW_SCALE
+          (1e7), so the block's LayerNormalization input passes 65504 (inf in float16, NaN
+          after the LayerNorm) while the LayerNorm itself makes the float32 result scale-free.
+          A plain CPU check of the float16 model sees this one.
 gpt2      GPT2LMHeadModel, 4 layers, n_embd 128, 4 heads, vocab 1000, 64 positions, eager
           attention, use_cache False, input_ids 1x32 -> `logits`. In block 1's MLP, c_fc (weight
           and bias) is multiplied by GPT2_FC_SCALE (40) and c_proj's weight by GPT2_PROJ_SCALE
@@ -37,6 +43,7 @@ import time
 from pathlib import Path
 
 CONVNEXT_SCALE = 3e5
+CONVNEXT_DW_SCALE = 1e7
 GPT2_FC_SCALE = 40.0
 GPT2_PROJ_SCALE = 4e4
 
@@ -69,6 +76,24 @@ def build_convnext(scale: bool = True):  # noqa: ANN201
     return model, example, ["pixel_values"], ["logits"], lambda m, x: m(pixel_values=x).logits
 
 
+def build_convnext_dw(scale: bool = True):  # noqa: ANN201
+    import torch
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    torch.manual_seed(0)
+    config = ConvNextConfig(num_channels=3, depths=[2, 2, 6, 2], hidden_sizes=[32, 64, 128, 256], num_labels=10,
+                            image_size=64, layer_scale_init_value=0.5)
+    model = ConvNextForImageClassification(config).eval()
+    if scale:
+        with torch.no_grad():
+            layer = model.convnext.encoder.stages[2].layers[1]
+            layer.dwconv.weight.mul_(CONVNEXT_DW_SCALE)
+            layer.dwconv.bias.mul_(CONVNEXT_DW_SCALE)
+    torch.manual_seed(1)
+    example = (torch.rand(1, 3, 64, 64) * 2 - 1,)
+    return model, example, ["pixel_values"], ["logits"], lambda m, x: m(pixel_values=x).logits
+
+
 def build_gpt2(scale: bool = True):  # noqa: ANN201
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -91,7 +116,7 @@ def build_gpt2(scale: bool = True):  # noqa: ANN201
     return model, example, ["input_ids"], ["logits"], lambda m, x: m(input_ids=x, use_cache=False).logits
 
 
-BUILDERS = {"convnext": build_convnext, "gpt2": build_gpt2}
+BUILDERS = {"convnext": build_convnext, "convnext_dw": build_convnext_dw, "gpt2": build_gpt2}
 
 
 def export(name: str, out_dir: Path, control: bool = False) -> Path:
@@ -142,7 +167,7 @@ def export(name: str, out_dir: Path, control: bool = False) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
-    ap.add_argument("--only", default="convnext,gpt2")
+    ap.add_argument("--only", default="convnext,convnext_dw,gpt2")
     ap.add_argument("--control", action="store_true",
                     help="export without the rescaling, to NAME_control/ (shows the f16 failure comes from it)")
     args = ap.parse_args(argv)
