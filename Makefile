@@ -1,6 +1,7 @@
 PYTHON ?= python3
+BENCH_DATA ?= /work/bench_data
 
-.PHONY: install demo test test-fast fixtures bench-node-cases
+.PHONY: install demo test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
 
 install:
 	$(PYTHON) -m pip install -e ".[test,export]"
@@ -17,5 +18,16 @@ test-fast:
 fixtures:
 	$(PYTHON) fixtures/make_fixtures.py
 
+# Benchmarks (figures in README); they need `pip install onnxconverter-common` for the peers.
 bench-node-cases:
 	$(PYTHON) bench/onnx_node_cases.py
+
+bench-scale:
+	$(PYTHON) bench/export_llama.py $(BENCH_DATA)/llama
+	$(PYTHON) bench/scale.py --model $(BENCH_DATA)/llama/llama.onnx
+
+bench-nodes:
+	$(PYTHON) bench/scale.py --nodes 10000,50000,200000
+
+bench-repair:
+	$(PYTHON) bench/repair_bench.py --external
