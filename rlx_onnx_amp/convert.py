@@ -164,6 +164,8 @@ class _Converter:
         self.opsets = {(o.domain or ""): o.version for o in model.opset_import}
         self.opsets.setdefault("", self.opsets.get("ai.onnx", 1))
         self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
+        self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
+        self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self.used_names: set[str] = set()
         self._group_cache: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], str | None]] = {}
         self.casts_inserted = 0
@@ -255,7 +257,8 @@ class _Converter:
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
         sig = signature_of(domain, op, self.opsets.get("" if domain == "ai.onnx" else domain, 1), len(ins), len(outs))
-        in_types = [scope.orig_type(n) if n else None for n in ins]
+        orig_type = scope.orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
+        in_types = [orig_type(n) if n else None for n in ins]
         out_types: list[int | None] = [scope.orig.get(n) if n else None for n in outs]
         # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
         if sig is not None and None in out_types:
@@ -290,14 +293,14 @@ class _Converter:
         if kind is None:
             d.reason = f"unknown op {node.domain + '.' if node.domain else ''}{node.op_type}"
             return d
-        target = self.policy.precision_for(kind)
+        target = self.kind_precision[kind]
         if target is Precision.F32:
             return d
-        user = self._user_keep(node, path)
+        user = self._user_keep(node, path) if self.user_keeps else None
         if user:
             d.reason = user
             return d
-        gap = _kernel_gap(node)
+        gap = _kernel_gap(node) if (domain if domain != "ai.onnx" else "", op) in KERNEL_GAPS else None
         if gap:
             d.reason = f"kernel: {gap}"
             return d
