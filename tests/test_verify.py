@@ -114,6 +114,13 @@ def test_synthesis_finds_vocab_and_masks() -> None:
     assert np.array_equal(again["input_ids"], ids)  # seeded
 
 
+def test_unknown_input_names_are_errors() -> None:
+    with pytest.raises(InputError, match="--shape: the model has no input named 'ids'"):
+        synthesize(_token_model(), InputSpec(shapes={"ids": (1, 4)}))
+    with pytest.raises(InputError, match="--input-range: the model has no input named 'x'"):
+        synthesize(_token_model(), InputSpec(ranges={"x": (0, 1)}))
+
+
 def test_integer_scalar_needs_a_range() -> None:
     graph = h.make_graph([h.make_node("Cast", ["rate"], ["y"], to=TensorProto.FLOAT)], "g",
                          [h.make_tensor_value_info("rate", TensorProto.INT64, [])],

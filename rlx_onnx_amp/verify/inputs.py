@@ -111,6 +111,11 @@ def _shape(vi: onnx.ValueInfoProto, spec: InputSpec) -> tuple[int, ...]:
 def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict[str, np.ndarray]:
     """One seeded feed for every graph input of `model`."""
     rng = np.random.default_rng(spec.seed + sample)
+    names = {vi.name for vi in _graph_inputs(model)}
+    for option, given in (("--shape", spec.shapes), ("--input-range", spec.ranges)):
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise InputError(f"{option}: the model has no input named {', '.join(map(repr, unknown))} (inputs: {', '.join(sorted(names))})")
     vocab = _vocab_sizes(model)
     feeds: dict[str, np.ndarray] = {}
     for vi in _graph_inputs(model):
