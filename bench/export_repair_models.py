@@ -56,42 +56,41 @@ def _max_abs_hook(store: dict[str, float], name: str):  # noqa: ANN202
     return hook
 
 
-def build_convnext(scale: bool = True):  # noqa: ANN201
+def _convnext(depths: list[int], hidden_sizes: list[int], rescale):  # noqa: ANN001, ANN202
+    """A ConvNeXt classifier from config (seed 0); `rescale(block)` edits stage 2, block 1."""
     import torch
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
     torch.manual_seed(0)
-    config = ConvNextConfig(num_channels=3, depths=[2, 2, 4, 2], hidden_sizes=[24, 48, 96, 192], num_labels=10,
+    config = ConvNextConfig(num_channels=3, depths=depths, hidden_sizes=hidden_sizes, num_labels=10,
                             image_size=64, layer_scale_init_value=0.5)
     model = ConvNextForImageClassification(config).eval()
-    if scale:
+    if rescale is not None:
         with torch.no_grad():
-            layer = model.convnext.encoder.stages[2].layers[1]
-            layer.pwconv1.weight.mul_(CONVNEXT_SCALE)
-            layer.pwconv1.bias.mul_(CONVNEXT_SCALE)
-            layer.pwconv2.weight.div_(CONVNEXT_SCALE ** 0.5)
-            layer.layer_scale_parameter.div_(CONVNEXT_SCALE ** 0.5)
+            rescale(model.convnext.encoder.stages[2].layers[1])
     torch.manual_seed(1)
     example = (torch.rand(1, 3, 64, 64) * 2 - 1,)
     return model, example, ["pixel_values"], ["logits"], lambda m, x: m(pixel_values=x).logits
+
+
+def _scale_mlp(layer) -> None:  # noqa: ANN001
+    layer.pwconv1.weight.mul_(CONVNEXT_SCALE)
+    layer.pwconv1.bias.mul_(CONVNEXT_SCALE)
+    layer.pwconv2.weight.div_(CONVNEXT_SCALE ** 0.5)
+    layer.layer_scale_parameter.div_(CONVNEXT_SCALE ** 0.5)
+
+
+def _scale_dwconv(layer) -> None:  # noqa: ANN001
+    layer.dwconv.weight.mul_(CONVNEXT_DW_SCALE)
+    layer.dwconv.bias.mul_(CONVNEXT_DW_SCALE)
+
+
+def build_convnext(scale: bool = True):  # noqa: ANN201
+    return _convnext([2, 2, 4, 2], [24, 48, 96, 192], _scale_mlp if scale else None)
 
 
 def build_convnext_dw(scale: bool = True):  # noqa: ANN201
-    import torch
-    from transformers import ConvNextConfig, ConvNextForImageClassification
-
-    torch.manual_seed(0)
-    config = ConvNextConfig(num_channels=3, depths=[2, 2, 6, 2], hidden_sizes=[32, 64, 128, 256], num_labels=10,
-                            image_size=64, layer_scale_init_value=0.5)
-    model = ConvNextForImageClassification(config).eval()
-    if scale:
-        with torch.no_grad():
-            layer = model.convnext.encoder.stages[2].layers[1]
-            layer.dwconv.weight.mul_(CONVNEXT_DW_SCALE)
-            layer.dwconv.bias.mul_(CONVNEXT_DW_SCALE)
-    torch.manual_seed(1)
-    example = (torch.rand(1, 3, 64, 64) * 2 - 1,)
-    return model, example, ["pixel_values"], ["logits"], lambda m, x: m(pixel_values=x).logits
+    return _convnext([2, 2, 6, 2], [32, 64, 128, 256], _scale_dwconv if scale else None)
 
 
 def build_gpt2(scale: bool = True):  # noqa: ANN201
