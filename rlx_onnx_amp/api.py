@@ -18,8 +18,8 @@ from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import OpKind
-from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, is_external
-from rlx_onnx_amp.types import subgraphs
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, tensor_nbytes
+from rlx_onnx_amp.types import all_tensors
 
 __all__ = ["convert", "convert_file", "load_model", "make_options", "resolve_policy"]
 
@@ -67,28 +67,12 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False
     if not model.opset_import:
         raise InputError(f"{p}: not a valid ONNX model (no opset_import)")
     source = WeightSource(p.parent, str(p))
-    for tensor in _all_tensors(model):
+    sink = WeightSink()
+    for tensor in all_tensors(model):
         source.check(tensor)
-    if load_external_data:
-        for tensor in _all_tensors(model):
-            if is_external(tensor):
-                WeightSink().copy_through(tensor, source)
+        if load_external_data and is_external(tensor):
+            sink.copy_through(tensor, source)
     return model
-
-
-def _all_tensors(model: ModelProto) -> Iterable[onnx.TensorProto]:
-    def in_graph(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
-        yield from graph.initializer
-        for node in graph.node:
-            if not node.attribute:
-                continue
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    yield attr.t
-            for _, sub in subgraphs(node):
-                yield from in_graph(sub)
-
-    return in_graph(model.graph)
 
 
 def convert(
@@ -122,24 +106,6 @@ def convert(
     return work
 
 
-def _has_external(model: ModelProto) -> bool:
-    return any(is_external(t) for t in _all_tensors(model))
-
-
-def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
-    n = 1
-    for d in tensor.dims:
-        n *= d
-    try:
-        return n * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, TypeError):
-        return n
-
-
-def _weight_bytes(model: ModelProto) -> int:
-    return sum(_tensor_nbytes(t) for t in _all_tensors(model))
-
-
 def convert_file(
     input_path: str | os.PathLike[str],
     output_path: str | os.PathLike[str],
@@ -170,9 +136,11 @@ def convert_file(
         raise InputError(f"{dst}: output directory {out_dir} is not writable")
     if dst.is_dir():
         raise InputError(f"{dst}: output path is a directory")
-    external = _has_external(model) or _weight_bytes(model) > EXTERNAL_THRESHOLD
+    tensors = list(all_tensors(model))
+    input_data_files = {(src.parent / loc).resolve() for loc in external_locations(tensors)}
+    external = bool(input_data_files) or sum(tensor_nbytes(t) for t in tensors) > EXTERNAL_THRESHOLD
     data_file = data_name or (dst.name + ".data")
-    if external and (dst.parent / data_file).resolve() in _external_files(model, src.parent):
+    if external and (dst.parent / data_file).resolve() in input_data_files:
         raise InputError(f"{dst}: output data file {data_file} would overwrite the input's external data")
     report = report if report is not None else ConversionReport()
     report.model, report.output = str(src), str(dst)
@@ -189,7 +157,7 @@ def convert_file(
             sink = ExternalSink(Path(tmp_data), data_file)
         else:
             sink = WeightSink()
-        total, done = sum(_tensor_nbytes(t) for t in model.graph.initializer), 0
+        total, done = sum(tensor_nbytes(t) for t in model.graph.initializer), 0
 
         def step(nbytes: int) -> None:
             nonlocal done
@@ -223,16 +191,6 @@ def convert_file(
             f.unlink(missing_ok=True)
     logger.info("wrote %s", dst)
     return report
-
-
-def _external_files(model: ModelProto, base: Path) -> set[Path]:
-    files = set()
-    for t in _all_tensors(model):
-        if is_external(t):
-            for e in t.external_data:
-                if e.key == "location":
-                    files.add((base / e.value).resolve())
-    return files
 
 
 _CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)

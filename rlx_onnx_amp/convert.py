@@ -38,7 +38,7 @@ from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision
 from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature, signature_of
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
-from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow
+from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow, tensor_nbytes
 from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, infer_types, subgraphs
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
@@ -547,7 +547,7 @@ class _Converter:
 
     def _convert_initializers(self, scope: _Scope) -> None:
         for init in scope.graph.initializer:
-            before = _tensor_bytes(init)
+            before = tensor_nbytes(init)
             self.report.initializer_bytes_before += before
             target = scope.storage.get(init.name)
             if not self.weights:
@@ -665,16 +665,6 @@ def _source_elem(node: NodeProto, attr_name: str) -> int | None:
     if node.op_type == "ConstantOfShape":
         return _F32  # default value is a float 0
     return None
-
-
-def _tensor_bytes(tensor: TensorProto) -> int:
-    n = 1
-    for d in tensor.dims:
-        n *= d
-    try:
-        return n * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, TypeError):
-        return len(tensor.raw_data)
 
 
 def convert_model(

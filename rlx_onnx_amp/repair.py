@@ -35,6 +35,7 @@ from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
+from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import infer_types
 from rlx_onnx_amp.verify.core import (
     Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _tolerance,
@@ -290,7 +291,7 @@ def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | N
     compute = [prec for op, counts in report.by_op.items() for prec, n in counts.items() for _ in range(n)
                if kind_of(*_split(op)) is OpKind.COMPUTE]
     compute_share = sum(1 for p in compute if p in ("f16", "bf16")) / len(compute) if compute else None
-    float_bytes = sum(_nbytes(t) for t in model.graph.initializer if t.data_type in FLOAT_TYPES)
+    float_bytes = sum(tensor_nbytes(t) for t in model.graph.initializer if t.data_type in FLOAT_TYPES)
     saved = report.initializer_bytes_before - report.initializer_bytes_after
     if not float_bytes:
         return compute_share, None
@@ -301,9 +302,3 @@ def _split(op: str) -> tuple[str, str]:
     domain, _, name = op.rpartition(".")
     return domain, name
 
-
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    n = 1
-    for d in tensor.dims:
-        n *= d
-    return n * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize

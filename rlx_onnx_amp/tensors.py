@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from onnx import TensorProto, numpy_helper
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.precision import Precision
 
-__all__ = ["ClampStats", "ExternalSink", "WeightSink", "WeightSource", "narrow"]
+__all__ = ["ClampStats", "ExternalSink", "WeightSink", "WeightSource", "external_locations", "narrow", "tensor_nbytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,11 @@ def is_external(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
 
+def external_locations(tensors: Iterable[TensorProto]) -> set[str]:
+    """The external data files (`location` entries) the tensors read."""
+    return {e.value for t in tensors if is_external(t) for e in t.external_data if e.key == "location"}
+
+
 class WeightSource:
     """Reads tensors of one model, inline or from external data files beside it."""
 
@@ -110,7 +116,7 @@ class WeightSource:
         if not path.is_file():
             raise InputError(f"{self.model_name}: external data file {info['location']!r} for tensor {tensor.name!r} not found")
         offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+        length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
         if offset + length > path.stat().st_size:
             raise InputError(
                 f"{self.model_name}: external data file {info['location']!r} is too short for tensor "
@@ -130,15 +136,21 @@ class WeightSource:
     def read_bytes(self, tensor: TensorProto) -> bytes:
         self.check(tensor)
         info = _external_info(tensor)
-        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+        length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
         with open(self.external_path(tensor), "rb") as f:
             f.seek(int(info.get("offset", 0)))
             return f.read(length)
 
 
-def _nbytes(tensor: TensorProto) -> int:
-    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes of a tensor's data from its type and dims (its raw bytes for a type numpy lacks)."""
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    try:
+        return n * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError):
+        return len(tensor.raw_data)
 
 
 def set_array(tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
@@ -211,7 +223,7 @@ class ExternalSink(WeightSink):
         """Copy an external tensor's bytes in chunks (integer tensors pass through unchanged)."""
         source.check(tensor)
         info = _external_info(tensor)
-        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+        length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
         self._align()
         start = self._offset
         with open(source.external_path(tensor), "rb") as f:
@@ -270,7 +282,7 @@ class ExternalSink(WeightSink):
     def copy_through(self, tensor: TensorProto, source: WeightSource) -> None:
         if is_external(tensor):
             self._copy_external(tensor, source)
-        elif _nbytes(tensor) >= self.threshold and tensor.HasField("raw_data"):
+        elif tensor_nbytes(tensor) >= self.threshold and tensor.HasField("raw_data"):
             self._append(tensor, tensor.raw_data)
 
     def close(self) -> None:

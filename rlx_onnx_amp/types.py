@@ -8,12 +8,13 @@ cannot type (contrib ops) are typed later by the converter from the op schemas.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import onnx
 import onnx.shape_inference
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-__all__ = ["NON_TENSOR", "ScopeTypes", "infer_types", "subgraphs"]
+__all__ = ["NON_TENSOR", "ScopeTypes", "all_graphs", "all_tensors", "infer_types", "subgraphs"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,25 @@ def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
         elif attr.type == AttributeProto.GRAPHS:
             found.extend((f"{attr.name}[{k}]", g) for k, g in enumerate(attr.graphs))
     return found
+
+
+def all_graphs(graph: GraphProto) -> list[GraphProto]:
+    """`graph` and every body nested in it, outer graphs first."""
+    found = [graph]
+    for node in graph.node:
+        for _, sub in subgraphs(node):
+            found.extend(all_graphs(sub))
+    return found
+
+
+def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    """Every initializer and tensor attribute (Constant values) of a model, bodies included."""
+    for graph in all_graphs(model.graph):
+        yield from graph.initializer
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == AttributeProto.TENSOR:
+                    yield attr.t
 
 
 def _structure_copy(model: ModelProto) -> ModelProto:

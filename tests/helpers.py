@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from typing import Any
 
 import numpy as np
 import onnx
@@ -12,7 +11,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 
 from fixtures.make_fixtures import Fixture
-from rlx_onnx_amp.types import subgraphs
+from rlx_onnx_amp.types import all_graphs
 
 POLICIES = ("always-f32", "always-f16", "auto-mixed-conservative", "auto-mixed", "auto-mixed-bf16")
 LOW = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
@@ -61,14 +60,6 @@ def assert_close(expected: list[np.ndarray], actual: list[np.ndarray], atol: flo
         if e.size > 1 and np.ptp(e64) > 0:
             cos = float(np.dot(e64.ravel(), a64.ravel()) / (np.linalg.norm(e64) * np.linalg.norm(a64)))
             assert cos >= min_cosine, f"output {k}: cosine {cos}"
-
-
-def all_graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    found = [graph]
-    for node in graph.node:
-        for _, sub in subgraphs(node):
-            found.extend(all_graphs(sub))
-    return found
 
 
 def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:

@@ -176,6 +176,7 @@ def test_qdq_region_stays_f32() -> None:
     kept = {k.node: k.reason for k in report.kept_f32}
     assert kept["conv"].startswith("qdq") and kept["relu"].startswith("qdq")
     assert report.casts_inserted == 0
+    assert _node(converted, "conv").input[:2] == ["x_dq", "w_dq"]
 
 
 def test_control_flow_bodies_are_rewritten() -> None:

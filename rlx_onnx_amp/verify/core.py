@@ -17,7 +17,8 @@ import onnxruntime as ort
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
-from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, is_external, narrow
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, narrow
+from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
 from rlx_onnx_amp.verify.inputs import InputSpec, load_inputs, synthesize
 from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
@@ -165,10 +166,6 @@ def _tolerance(name: str, precision: Precision, options: VerifyOptions) -> Toler
         options.rtol.get(name, options.rtol.get("", info.rtol)),
         options.min_cosine.get(name, options.min_cosine.get("", info.min_cosine)),
     )
-
-
-def _has_external(model: onnx.ModelProto) -> bool:
-    return any(is_external(t) for t in model.graph.initializer)
 
 
 #: progress(stage, done, total) for long steps: "rounding weights", "running".
@@ -319,7 +316,7 @@ class Scratch:
 
     def materialize(self, model: onnx.ModelProto, base_dir: Path, name: str) -> Path:
         """Save `model`, which reads its external data (if any) from `base_dir`."""
-        if _external_locations(model):
+        if external_locations(all_tensors(model)):
             if not os.access(base_dir, os.W_OK):
                 raise InputError(f"{base_dir}: verifying a model with external data needs a writable directory for a temporary model")
             path = self.beside(base_dir, name)
@@ -329,12 +326,6 @@ class Scratch:
         return path
 
 
-def _external_locations(model: onnx.ModelProto) -> set[str]:
-    from rlx_onnx_amp.api import _all_tensors
-
-    return {e.value for t in _all_tensors(model) if is_external(t) for e in t.external_data if e.key == "location"}
-
-
 _EMULATED_DATA = "rlx-amp-emulated.data"
 
 
@@ -342,7 +333,7 @@ def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx
                     progress: Progress | None = None) -> onnx.ModelProto:
     source = WeightSource(ref_path.parent, str(ref_path))
     sink: WeightSink = WeightSink()
-    if _has_external(ref_model):  # rounded weights go beside the reference's own data
+    if external_locations(all_tensors(ref_model)):  # rounded weights go beside the reference's own data
         data = scratch.beside(ref_path.parent, _EMULATED_DATA)
         sink = ExternalSink(data, data.name)
     try:

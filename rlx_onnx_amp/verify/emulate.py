@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, TensorProto, helper
+from onnx import ModelProto, TensorProto, helper
 
 from collections.abc import Callable
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import WeightSink, WeightSource, narrow
-from rlx_onnx_amp.types import infer_types, subgraphs
+from rlx_onnx_amp.types import all_graphs, infer_types
 
 __all__ = ["emulate", "low_precision_values"]
 
@@ -34,26 +34,18 @@ def low_precision_values(candidate: ModelProto) -> dict[str, int]:
         for name, elem in scope.items():
             if elem in FLOAT_TYPES and elem != _F32:
                 low[name] = elem
-    for graph in _graphs(candidate.graph):
+    for graph in all_graphs(candidate.graph):
         for init in graph.initializer:
             if init.data_type in FLOAT_TYPES and init.data_type != _F32:
                 low[init.name] = init.data_type
     # A value widened back to f32 from a low one (a graph output cast back under its original
     # name) carries the low value's rounding.
-    for graph in _graphs(candidate.graph):
+    for graph in all_graphs(candidate.graph):
         for node in graph.node:
             if node.op_type == "Cast" and node.input and node.input[0] in low and node.output[0] not in low:
                 if next((a.i for a in node.attribute if a.name == "to"), None) == _F32:
                     low[node.output[0]] = low[node.input[0]]
     return low
-
-
-def _graphs(graph: GraphProto) -> list[GraphProto]:
-    found = [graph]
-    for node in graph.node:
-        for _, sub in subgraphs(node):
-            found.extend(_graphs(sub))
-    return found
 
 
 def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource | None = None,
@@ -71,8 +63,8 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
     model.CopyFrom(reference)
     source = source or WeightSource(None)
     sink = sink or WeightSink()
-    used = {n for g in _graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
-    used |= {t.name for g in _graphs(model.graph) for t in g.initializer}
+    used = {n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
+    used |= {t.name for g in all_graphs(model.graph) for t in g.initializer}
     rounded = 0
     ref_types = infer_types(reference)
     f32_names = {n for scope in ref_types.values() for n, t in scope.items() if t == _F32}
@@ -98,7 +90,7 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
 
     # Bodies first: rewriting a graph copies its nodes, bodies included, so a body must be
     # final before the graph that holds it is rewritten.
-    graphs = list(reversed(_graphs(model.graph)))
+    graphs = list(reversed(all_graphs(model.graph)))
     to_round = sum(1 for g in graphs for t in g.initializer if t.data_type == _F32 and t.name in low)
     for graph in graphs:
         for init in graph.initializer:
@@ -129,6 +121,6 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
         graph.node.extend(new_nodes)
         del graph.node[:count]
     # value_info of renamed values would be stale; shapes are re-inferred by onnxruntime.
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         graph.ClearField("value_info")
     return model, rounded
