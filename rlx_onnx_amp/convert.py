@@ -36,7 +36,7 @@ from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
-from rlx_onnx_amp.schema import OpSignature, signature, signature_of
+from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow, tensor_nbytes
 from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, infer_types, subgraphs
@@ -237,9 +237,8 @@ class _Converter:
             return d.input_types[k]
         return scope.orig_type(d.inputs[k])
 
-    def _node_opset(self, node: NodeProto) -> int:
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        return self.opsets.get(domain, 1)
+    def _opset(self, domain: str) -> int:
+        return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
 
     def _user_keep(self, node: NodeProto, path: str) -> str | None:
         if path in self.options.keep_f32_paths:
@@ -256,7 +255,7 @@ class _Converter:
         ins, outs = list(node.input), list(node.output)
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
-        sig = signature_of(domain, op, self.opsets.get("" if domain == "ai.onnx" else domain, 1), len(ins), len(outs))
+        sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
         orig_type = scope.orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         in_types = [orig_type(n) if n else None for n in ins]
         out_types: list[int | None] = [scope.orig.get(n) if n else None for n in outs]
@@ -308,7 +307,7 @@ class _Converter:
             d.reason = "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
             return d
         if sig is None:
-            d.reason = f"no schema for {node.op_type} at opset {self._node_opset(node)}"
+            d.reason = f"no schema for {op} at opset {self._opset(domain)}"
             return d
         lowered = self._lower_groups(node, sig, tuple(in_types), tuple(out_types), tuple(d.input_types), target)
         in_low, out_low, reason = lowered
@@ -373,7 +372,7 @@ class _Converter:
             if d.source and d.outputs and d.outputs[0]:
                 name = d.outputs[0]
                 low = self._single_low(scope, name)
-                sig = signature(d.node, self._node_opset(d.node))
+                sig = signature(d.domain, d.op, self._opset(d.domain), len(d.inputs), len(d.outputs))
                 admits = sig is None or all(_TYPE_STR.get(low or 0, "") in g.allowed for g in sig.groups if g.outputs)
                 if scope.orig.get(name) == _F32 and low and admits:
                     scope.storage[name] = low

@@ -167,7 +167,7 @@ class _Evaluator:
             cos_gap = 0.0 if drift.cosine is None else max(0.0, tol.min_cosine - drift.cosine) / max(1e-12, 1 - tol.min_cosine)
             score = max(score, drift.max_abs / max(bound, 1e-30), cos_gap, 1e6 * max(nonfinite, 0))
         passed = all(d.passed for d in drifts)
-        self.compared, self.feed_low = compared, feed_low
+        self.candidate, self.precision, self.compared, self.feed_low = candidate, precision, compared, feed_low
         return passed, score, candidate, report, drifts
 
     def _emulate(self, precision: Precision) -> bool:
@@ -220,9 +220,9 @@ def repair_file(
 
         passed, score, report = step("policy", keep)
         best = (score, dict(keep))
-        precision = _lowest_precision(low_precision_values(ev.convert({})[0]))
+        policy_candidate, precision = ev.candidate, ev.precision  # the policy's own conversion, just evaluated
         if not passed and precision is not Precision.F32:
-            screen = magnitude_screen(ev.model, ev.convert({})[0], src.parent, ev.samples[0], precision, ev.provider, tmp)
+            screen = magnitude_screen(ev.model, policy_candidate, src.parent, ev.samples[0], precision, ev.provider, tmp)
             low_now = set(_low_paths(report))
             screen = {p: r for p, r in screen.items() if p in low_now}
             if screen:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import onnx
 import onnx.defs
 
-__all__ = ["OpSignature", "TypeGroup", "signature", "signature_of"]
+__all__ = ["OpSignature", "TypeGroup", "signature"]
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,7 @@ def _signature(domain: str, op_type: str, opset: int, n_in: int, n_out: int) -> 
     return OpSignature(schema.since_version, groups)  # type: ignore[attr-defined]
 
 
-def signature(node: onnx.NodeProto, opset: int) -> OpSignature | None:
-    """Type groups of `node` under the schema in force at `opset`, or None if unknown."""
-    return _signature(node.domain, node.op_type, opset, len(node.input), len(node.output))
-
-
-def signature_of(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs: int) -> OpSignature | None:
-    """`signature` from a node's fields already read."""
+def signature(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs: int) -> OpSignature | None:
+    """Type groups of a node (its domain, op type and input/output counts) under the schema in
+    force at `opset`, or None if unknown."""
     return _signature(domain, op_type, opset, n_inputs, n_outputs)
