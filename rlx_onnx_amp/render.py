@@ -22,6 +22,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -78,14 +80,6 @@ def inspect_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _g(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def verify_table(report: Any) -> str:
     """One row per output, failures first."""
     header = (f"verify {report.candidate} against {report.reference} on {report.provider} "
@@ -114,7 +108,7 @@ def verify_markdown(entries: Sequence[tuple[Any, Any]]) -> str:
         cosines = [o.cosine for o in v.outputs if o.cosine is not None]
         policy = conv.policy.name if conv is not None and conv.policy is not None else "-"
         out.append(f"| `{v.candidate}` | {policy} | {v.provider} | {'yes' if v.emulated else 'no'} | {len(v.outputs)} | "
-                   f"{len(failed)} | {worst:.4g} | {_g(min(cosines) if cosines else None)} |")
+                   f"{len(failed)} | {worst:.4g} | {_fmt(min(cosines) if cosines else None)} |")
     out.append("")
     for _, v in entries:
         out += [f"## `{v.candidate}`", "",
@@ -123,11 +117,11 @@ def verify_markdown(entries: Sequence[tuple[Any, Any]]) -> str:
                 "| output | result | max_abs | max_rel | mean_abs | p99_abs | cosine | snr_db | mismatch % | NaN/Inf (cand) | top-1 |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for o in v.outputs:
-            out.append(f"| `{o.name}` | {'pass' if o.passed else '**FAIL**'} | {_g(o.max_abs)} | {_g(o.max_rel)} | {_g(o.mean_abs)} | "
-                       f"{_g(o.p99_abs)} | {_g(o.cosine)} | {_g(o.snr_db)} | {o.mismatch_pct:.3g} | {o.nan_cand}/{o.inf_cand} | {_g(o.top1_agreement)} |")
+            out.append(f"| `{o.name}` | {'pass' if o.passed else '**FAIL**'} | {_fmt(o.max_abs)} | {_fmt(o.max_rel)} | {_fmt(o.mean_abs)} | "
+                       f"{_fmt(o.p99_abs)} | {_fmt(o.cosine)} | {_fmt(o.snr_db)} | {o.mismatch_pct:.3g} | {o.nan_cand}/{o.inf_cand} | {_fmt(o.top1_agreement)} |")
         if v.localized:
             out += ["", "First nodes where drift jumps:", "", "| node | op | tensor | reason | rel_error |", "|---|---|---|---|---|"]
-            out += [f"| `{d['node']}` | {d['op']} | `{d['tensor']}` | {d['reason']} | {_g(d['rel_error'])} |" for d in v.localized]
+            out += [f"| `{d['node']}` | {d['op']} | `{d['tensor']}` | {d['reason']} | {_fmt(d['rel_error'])} |" for d in v.localized]
         out.append("")
     return "\n".join(out)
 

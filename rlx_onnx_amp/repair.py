@@ -38,7 +38,8 @@ from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import infer_types
 from rlx_onnx_amp.verify.core import (
-    Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _tolerance,
+    Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _stack, _tolerance,
+    emulation_reason,
     resolve_provider, verify,
 )
 from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
@@ -152,13 +153,14 @@ class _Evaluator:
         candidate, report = self.convert(keep)
         low = low_precision_values(candidate)
         precision = _lowest_precision(low)
-        compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if self._emulate(precision) else candidate
+        compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if emulation_reason(self.verify_options.emulate, self.provider, precision) else candidate
         feed_low = low if compared is not candidate else {}
         session = _Session(str(self.tmp.materialize(compared, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
         drifts, score = [], 0.0
+        runs = [session.run(_round_feeds(f, feed_low) if feed_low else f, self.output_names) for f in self.samples]
         for name in self.output_names:
             ref = _stack([r[name] for r in self.reference])
-            cand = _stack([session.run(_round_feeds(f, feed_low) if feed_low else f, [name])[name] for f in self.samples])
+            cand = _stack([c[name] for c in runs])
             tol = _tolerance(name, precision, self.verify_options)
             drift = compare_arrays(name, ref, cand, tol)
             drifts.append(drift)
@@ -170,20 +172,9 @@ class _Evaluator:
         self.candidate, self.precision, self.compared, self.feed_low = candidate, precision, compared, feed_low
         return passed, score, candidate, report, drifts
 
-    def _emulate(self, precision: Precision) -> bool:
-        if precision is Precision.F32:
-            return False
-        if self.verify_options.emulate is not None:
-            return self.verify_options.emulate
-        return self.provider == "cpu"
-
     def localize_first(self, precision: Precision) -> list[dict[str, Any]]:
         return localize(self.model, self.ref_path.parent, self.compared, self.ref_path.parent, self.samples[0], self.feed_low,
                         self.provider, self.tmp, _tolerance("", precision, self.verify_options), 50)
-
-
-def _stack(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.asarray(arrays[0]) if len(arrays) == 1 else np.stack([np.asarray(a) for a in arrays])
 
 
 def _low_paths(report: ConversionReport) -> list[str]:

@@ -172,6 +172,15 @@ def _tolerance(name: str, precision: Precision, options: VerifyOptions) -> Toler
 Progress = Callable[[str, int, int], None]
 
 
+def emulation_reason(emulate: bool | None, provider: str, precision: Precision) -> str | None:
+    """Why a candidate that loads is verified by emulation; None when it runs as it is."""
+    if precision is Precision.F32 or emulate is False:
+        return None
+    if emulate:
+        return "asked with --emulate"
+    return "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic" if provider == "cpu" else None
+
+
 def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None,
            progress: Progress | None = None) -> VerifyReport:
     """Compare `candidate` against `reference` on the same inputs (see README, Verification)."""
@@ -195,23 +204,19 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
     precision = _lowest_precision(low)
     ref_session = _Session(str(ref_path), provider, str(ref_path))
 
-    emulated, reason, candidate_loaded = False, None, False
+    emulated, candidate_loaded = False, False
     cand_session: _Session | None = None
-    want_emulation = options.emulate
     try:
         cand_session = _Session(str(cand_path), provider, str(cand_path))
         candidate_loaded = True
+        reason = emulation_reason(options.emulate, provider, precision)
     except ModelRunError as e:
-        if want_emulation is False:
+        if options.emulate is False or precision is Precision.F32:
             raise
         reason = f"{provider} cannot run the candidate: {e}"
-        want_emulation = True
-    if want_emulation is None and provider == "cpu" and precision is not Precision.F32:
-        want_emulation, reason = True, "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic"
     with Scratch("rlx-amp-verify-") as tmp:
-        if want_emulation and precision is not Precision.F32:
+        if reason is not None:
             emulated = True
-            reason = reason or "asked with --emulate"
             cand_session = None  # it loaded; free it so only two sessions are ever held
             compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp, progress), ref_path.parent
             cand_session = _Session(str(tmp.materialize(compared_model, compared_dir, "emulated.onnx")), provider, f"emulated {cand_path}")
