@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from rlx_onnx_amp.api import convert, convert_file, load_model
+from rlx_onnx_amp.api import convert, convert_file, load_model, make_options
 from rlx_onnx_amp.convert import ConvertOptions
 from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError, PolicyError
+from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
@@ -21,9 +22,11 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Precision",
+    "Target",
     "convert",
     "convert_file",
     "load_model",
+    "make_options",
     "policy_from_name",
 ]
 

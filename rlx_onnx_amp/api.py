@@ -14,6 +14,7 @@ from onnx import ModelProto
 
 from rlx_onnx_amp.convert import ConvertOptions, convert_model
 from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
@@ -39,6 +40,7 @@ def make_options(
     keep_f32_ops: Iterable[str] = (),
     keep_f32_nodes: Iterable[str] = (),
     keep_f32_paths: Mapping[str, str] | None = None,
+    target: Target | str = Target.CUDA,
 ) -> ConvertOptions:
     import re
 
@@ -48,7 +50,11 @@ def make_options(
             re.compile(p)
         except re.error as e:
             raise InputError(f"--keep-f32-node: invalid regular expression {p!r} ({e})") from None
-    return ConvertOptions(keep_io_types, frozenset(keep_f32_ops), patterns, dict(keep_f32_paths or {}))
+    try:
+        target = Target(target)
+    except ValueError:
+        raise InputError(f"unknown target {target!r} (known: {', '.join(t.value for t in Target)})") from None
+    return ConvertOptions(keep_io_types, frozenset(keep_f32_ops), patterns, dict(keep_f32_paths or {}), target)
 
 
 def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False) -> ModelProto:
@@ -87,7 +93,8 @@ def convert(
     """Return a mixed-precision copy of `model` (a ModelProto or a path); the input is never
     modified. Pass `report=ConversionReport()` to receive the conversion report.
 
-    `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes.
+    `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes,
+    keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu").
     """
     resolved = resolve_policy(policy, kind_map)
     opts = options or make_options(**option_kwargs)  # type: ignore[arg-type]

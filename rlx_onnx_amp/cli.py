@@ -66,6 +66,11 @@ def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
 
 
 def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--target", default="cuda", show_default=True, metavar="cuda|cpu",
+        help="Execution provider the model is meant for: a node without an onnxruntime kernel there "
+             "for its low precision stays f32 (bf16 needs this: onnxruntime's CPU provider has few bf16 kernels).",
+    )(f)
     f = click.option("--map-file", "map_file", metavar="FILE", help="JSON or TOML kind map for --policy custom.")(f)
     f = click.option("--map", "map_text", metavar="KIND=P,...", help="Kind map for --policy custom, e.g. compute=f16,reduction=f32.")(f)
     f = click.option(
@@ -161,7 +166,7 @@ def main() -> None:
 @_verify_options
 @click.option("--quiet", "-q", is_flag=True, help="No table, no progress.")
 @click.option("-v", "--verbose", count=True, help="Log what the rewrite does (-vv for debug).")
-def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_file: str | None,
+def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_file: str | None, target: str,
                 output: str | None, out_dir: str | None, keep_f32_op: Sequence[str], keep_f32_node: Sequence[str],
                 keep_io_types: bool, data_name: str | None, report_json: str | None, report_md: str | None,
                 do_verify: bool, do_repair: bool, repair_budget: int, quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
@@ -170,7 +175,7 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
 
     def run() -> int:
         resolved = _policy(policy, map_text, map_file)
-        options = make_options(keep_io_types, keep_f32_op, keep_f32_node)
+        options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target)
         verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
@@ -336,14 +341,14 @@ def verify_cmd(reference: str, candidate: str, report_json: str | None, report_m
 @click.option("--keep-f32-op", multiple=True, metavar="OP")
 @click.option("--keep-f32-node", multiple=True, metavar="REGEX")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-kind and per-op counts as JSON.")
-def inspect_cmd(model: str, policy: str, map_text: str | None, map_file: str | None, keep_f32_op: Sequence[str],
+def inspect_cmd(model: str, policy: str, map_text: str | None, map_file: str | None, target: str, keep_f32_op: Sequence[str],
                 keep_f32_node: Sequence[str], as_json: bool) -> None:
     """Show per kind and per op type the node counts and the precision each would get."""
 
     def run() -> int:
         resolved = _policy(policy, map_text, map_file)
         loaded = load_model(model)
-        summary = inspect_model(loaded, resolved, make_options(True, keep_f32_op, keep_f32_node), model_name=model)
+        summary = inspect_model(loaded, resolved, make_options(True, keep_f32_op, keep_f32_node, target=target), model_name=model)
         click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
         return EXIT_OK
 

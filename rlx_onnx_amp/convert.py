@@ -33,6 +33,7 @@ import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
@@ -58,6 +59,9 @@ class ConvertOptions:
     keep_f32_nodes: tuple[str, ...] = ()  # regular expressions on node names
     #: Node paths (see `NodeDecision.path`) kept in f32, with the reason to report.
     keep_f32_paths: dict[str, str] = field(default_factory=dict)
+    #: The execution provider the model is meant for: a node whose op has no kernel there for
+    #: its low precision stays f32 (see `kernels`).
+    target: Target = Target.CUDA
 
 
 @dataclass(slots=True)
@@ -322,7 +326,7 @@ class _Converter:
                       any_inputs: tuple[int, ...], target: Precision) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
         """(inputs to lower, outputs to lower, reason when nothing could be): memoized, since
         most nodes of a model share a handful of signatures."""
-        key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target)
+        key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target, self.options.target)
         cached = self._group_cache.get(key)
         if cached is not None:
             return cached
@@ -330,6 +334,7 @@ class _Converter:
         blocked: list[str] = []
         in_low: list[int] = []
         out_low: list[int] = []
+        lowered_vars: list[str] = []
         fixed_vars = ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else frozenset()
         for g in sig.groups:
             if g.var in fixed_vars:
@@ -343,9 +348,15 @@ class _Converter:
                 continue
             in_low.extend(k for k in g.inputs if k not in any_inputs)
             out_low.extend(g.outputs)
+            lowered_vars.append(g.var.split("#")[0])
         reason = None
         if not in_low and not out_low and blocked:
             reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {', '.join(sorted(set(blocked)))}"
+        elif in_low or out_low:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            reason = kernel_block(self.options.target, target, domain, node.op_type, sig.since_version, tuple(lowered_vars))
+            if reason:
+                in_low, out_low = [], []
         result = (tuple(in_low), tuple(out_low), reason)
         self._group_cache[key] = result
         return result
@@ -687,6 +698,7 @@ def convert_model(
     options = options or ConvertOptions()
     report = report or ConversionReport()
     report.policy = policy
+    report.target = options.target.value
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
     converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress)

@@ -22,6 +22,7 @@ def inspect_model(model: ModelProto, policy: Policy, options: ConvertOptions, mo
     return {
         "model": model_name,
         "policy": policy.to_json(),
+        "target": report.target,
         "nodes": {"total": report.nodes_total, "by_precision": report.by_precision},
         "by_kind": report.by_kind,
         "by_op": dict(sorted(report.by_op.items())),

@@ -39,7 +39,7 @@ def _kind_rows(by_kind: dict[str, dict[str, int]]) -> list[list[object]]:
 
 def conversion_table(report: ConversionReport) -> str:
     lines = [
-        f"{report.model} -> {report.output}  (policy {report.policy.name if report.policy else '?'})",
+        f"{report.model} -> {report.output}  (policy {report.policy.name if report.policy else '?'}, target {report.target or '?'})",
         table(("kind", *_PRECISION_COLUMNS), _kind_rows(report.by_kind)),
         f"nodes {report.nodes_total}, casts inserted {report.casts_inserted}, kept f32 {len(report.kept_f32)}, "
         f"weights {_mib(report.initializer_bytes_before)} -> {_mib(report.initializer_bytes_after)}",
@@ -57,7 +57,7 @@ def conversion_table(report: ConversionReport) -> str:
 def conversion_markdown(reports: Sequence[ConversionReport]) -> str:
     out = ["# rlx-amp conversion", ""]
     for r in reports:
-        out += [f"## `{r.model}` → `{r.output}` (policy `{r.policy.name if r.policy else '?'}`)", ""]
+        out += [f"## `{r.model}` → `{r.output}` (policy `{r.policy.name if r.policy else '?'}`, target `{r.target or '?'}`)", ""]
         out += ["| kind | " + " | ".join(_PRECISION_COLUMNS) + " |", "|---" * (len(_PRECISION_COLUMNS) + 1) + "|"]
         out += ["| " + " | ".join(str(c) for c in row) + " |" for row in _kind_rows(r.by_kind)]
         out += ["", f"Casts inserted: {r.casts_inserted}. Kept f32: {len(r.kept_f32)}. "
@@ -67,7 +67,7 @@ def conversion_markdown(reports: Sequence[ConversionReport]) -> str:
 
 def inspect_table(summary: dict[str, Any]) -> str:
     lines = [
-        f"{summary['model']}  (policy {summary['policy']['name']}, {summary['nodes']['total']} nodes)",
+        f"{summary['model']}  (policy {summary['policy']['name']}, target {summary['target']}, {summary['nodes']['total']} nodes)",
         "",
         table(("kind", *_PRECISION_COLUMNS), _kind_rows(summary["by_kind"])),
         "",

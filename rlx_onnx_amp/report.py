@@ -28,6 +28,7 @@ class ConversionReport:
     model: str = ""
     output: str = ""
     policy: Any = None  # rlx_onnx_amp.policy.Policy
+    target: str = ""  # the execution provider the model was converted for ("cuda", "cpu")
     nodes_total: int = 0
     by_precision: dict[str, int] = field(default_factory=lambda: {"f32": 0, "f16": 0, "bf16": 0, "none": 0})
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -58,6 +59,7 @@ class ConversionReport:
             "model": self.model,
             "output": self.output,
             "policy": self.policy.to_json() if self.policy is not None else None,
+            "target": self.target,
             "nodes": {"total": self.nodes_total, "by_precision": dict(self.by_precision)},
             "by_kind": self.by_kind,
             "by_op": self.by_op,

@@ -90,6 +90,24 @@ def test_batch_out_dir(model: Path, tmp_path: Path) -> None:
     assert len(json.loads((tmp_path / "r.json").read_text())["models"]) == 2
 
 
+def test_target_decides_bf16_kernels(model: Path, tmp_path: Path) -> None:
+    reports = {}
+    for target in ("cuda", "cpu"):
+        out, report = tmp_path / f"{target}.onnx", tmp_path / f"{target}.json"
+        result = rlx(str(model), "--policy", "auto-mixed-bf16", "--target", target, "-o", str(out), "--report-json", str(report))
+        assert result.returncode == 0, result.stderr
+        assert f"target {target}" in result.stdout
+        reports[target] = json.loads(report.read_text())
+        assert reports[target]["target"] == target
+    # CUDA has bf16 MatMul kernels, onnxruntime's CPU provider has none.
+    assert reports["cuda"]["by_op"]["MatMul"] == {"bf16": 8}
+    assert reports["cpu"]["by_op"]["MatMul"] == {"f32": 8}
+    assert {k["reason"] for k in reports["cpu"]["kept_f32"] if k["op"] == "MatMul"} == {"kernel: no bf16 MatMul-13 kernel on CPUExecutionProvider"}
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(tmp_path / "cpu.onnx"), providers=["CPUExecutionProvider"])  # loads for real
+
+
 def test_inspect(model: Path, tmp_path: Path) -> None:
     result = rlx("inspect", str(model), "--policy", "auto-mixed", "--json")
     assert result.returncode == 0, result.stderr
@@ -121,6 +139,7 @@ def test_bad_inputs(model: Path, tmp_path: Path) -> None:
     _bad(tmp_path, str(tmp_path / "truncated.onnx"), "-o", out, expect="truncated.onnx: not a valid ONNX model")
     _bad(tmp_path, str(model), "--policy", "fastest", "-o", out, expect="unknown policy 'fastest'")
     _bad(tmp_path, str(model), "--policy", "custom", "--map", "matmul=f16", "-o", out, expect="unknown kind 'matmul'")
+    _bad(tmp_path, str(model), "--target", "tpu", "-o", out, expect="unknown target 'tpu' (known: cpu, cuda)")
     _bad(tmp_path, str(model), "-o", str(tmp_path / "no" / "such" / "dir.onnx"), expect="does not exist")
     _bad(tmp_path, str(model), "-o", str(model), expect="output is the input model")
     _bad(tmp_path, str(model), expect="missing -o/--output")

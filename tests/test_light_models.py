@@ -55,3 +55,18 @@ def test_light_model(path: Path, policy: str, tmp_path: Path) -> None:
         return
     tol = 0.0 if policy == "always-f32" else 3e-2
     assert_close(run(model, feeds), actual, tol, tol, min_cosine=0.999 if tol else 1.0)
+
+
+@pytest.mark.parametrize("path", LIGHT, ids=lambda p: p.stem)
+def test_light_model_bf16_for_cpu_runs_for_real(path: Path, tmp_path: Path) -> None:
+    # Converted for the CPU target, the bf16 model loads on onnxruntime's CPU provider and its
+    # bf16 nodes run there (no emulation).
+    model = onnx.load(str(path))
+    report = ConversionReport()
+    converted = convert(model, "auto-mixed-bf16", report=report, target="cpu")
+    out = tmp_path / "out.onnx"
+    onnx.save(converted, str(out))
+    onnx.checker.check_model(str(out), full_check=True)
+    assert all("CPUExecutionProvider" in k.reason for k in report.kept_f32 if k.reason.startswith("kernel:"))
+    feeds = feeds_for(None, model)
+    assert_close(run(model, feeds), run(str(out), feeds), 5e-2, 5e-2, min_cosine=0.995)

@@ -183,3 +183,27 @@ def test_convert_transformer(exported, model: str, policy: str, tmp_path: Path) 
         cos = _cosine(np.where(finite, g, 0), np.where(finite, r, 0))
         assert max_abs <= 1e-2 + 1e-2 * scale, f"{model}/{policy}: output {name} max_abs {max_abs:.3g} (max|ref| {scale:.3g})"
         assert cos >= COSINE_MIN, f"{model}/{policy}: output {name} cosine {cos:.6f}"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_transformer_bf16_for_cpu_runs_for_real(exported, model: str, tmp_path: Path) -> None:
+    # For the CPU target, nodes without a bf16 CPU kernel stay f32, so the bf16 model loads on
+    # onnxruntime's CPU provider and runs there for real.
+    src, inputs = exported[model]
+    out = tmp_path / f"{model}.bf16-cpu.onnx"
+    report = rlx_onnx_amp.convert_file(src, out, "auto-mixed-bf16", options=rlx_onnx_amp.make_options(target="cpu"))
+    assert report.target == "cpu" and report.by_precision["bf16"] > 0, report.by_precision
+    kernel_kept = [k for k in report.kept_f32 if k.reason.startswith("kernel:")]
+    assert kernel_kept and all("CPUExecutionProvider" in k.reason for k in kernel_kept)
+    ref = _reference(model, src, inputs)
+    sess = _session(out)
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    for name, r in ref.items():
+        g = got[name]
+        assert g.dtype == r.dtype and g.shape == r.shape
+        finite = np.isfinite(r)
+        assert np.array_equal(np.isfinite(g), finite), f"{model}: output {name} has new NaN/Inf"
+        max_abs = float(np.max(np.abs(g[finite].astype(np.float64) - r[finite]))) if finite.any() else 0.0
+        scale = float(np.max(np.abs(r[finite]))) if finite.any() else 0.0
+        assert max_abs <= 5e-2 + 5e-2 * scale, f"{model}: output {name} max_abs {max_abs:.3g} (max|ref| {scale:.3g})"
+        assert _cosine(np.where(finite, g, 0), np.where(finite, r, 0)) >= 0.995
