@@ -32,6 +32,7 @@ def contenders() -> dict[str, object]:
     found: dict[str, object] = {
         "rlx-amp always-f16": lambda m: convert(m, "always-f16"),
         "rlx-amp auto-mixed": lambda m: convert(m, "auto-mixed"),
+        "rlx-amp auto-mixed-bf16 --target cpu": lambda m: convert(m, "auto-mixed-bf16", target="cpu"),
     }
     try:
         from onnxconverter_common import float16 as occ
