@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     _wrap(convert._Converter, "emit_scope", "sweep 3 emit_scope (incl. weights)")
     _wrap(convert._Converter, "_convert_initializers", "_convert_initializers (read/narrow/write)")
     _wrap(convert._Converter, "_fill_report", "_fill_report")
-    _wrap(api.onnx, "save", "onnx.save (graph proto)")
+    _wrap(api.Path, "write_bytes", "write model bytes")
     _wrap(api, "_check", "_check (onnx.checker full_check)")
 
     tm = None

@@ -178,7 +178,9 @@ def convert_file(
         finally:
             sink.close()
         try:
-            onnx.save(model, tmp_model)
+            # Tensors already point at the sink's data file: serialize directly (onnx.save
+            # would walk every tensor again looking for external data to write).
+            Path(tmp_model).write_bytes(model.SerializeToString())
         except (OSError, ValueError) as e:
             raise InputError(f"{dst}: cannot write output ({e})") from None
         if external:

@@ -24,6 +24,9 @@ any intermediate tensor by name.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import gc
 import logging
 import re
 from dataclasses import dataclass, field
@@ -40,7 +43,7 @@ from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, infer_types, subgraphs
+from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, model_types, subgraphs
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -582,7 +585,7 @@ class _Converter:
     # ---- driver ------------------------------------------------------------------------
     def run(self) -> None:
         self._collect_names(self.model.graph)
-        types = infer_types(self.model)
+        types = model_types(self.model)
         main = _Scope(self.model.graph, "", None, types.get("", {}))
         self.decide_scope(main, types)
         self.store_scope(main)
@@ -606,14 +609,18 @@ class _Converter:
     def _fill_report(self, main: _Scope) -> None:
         report = self.report
         unknown: list[str] = []
+        tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
+        decisions = report.decisions
         for d, scope in _walk(main):
             prec = _reported_precision(d, scope)
-            op = (f"{d.domain}." if d.domain not in ("", "ai.onnx") else "") + d.op
-            report.count_node(d.kind, op, prec)
-            report.decisions[d.path] = prec or "none"
+            tally[(d.kind, d.domain, d.op, prec)] += 1  # counted per kind and op below, once per distinct row
+            decisions[d.path] = prec or "none"
             if d.reason:
                 report.kept_f32.append(KeptNode(d.label, d.op, d.reason, d.path))
-            if d.kind is None:
+        for (kind, domain, op_type, prec), count in tally.items():
+            op = (f"{domain}." if domain not in ("", "ai.onnx") else "") + op_type
+            report.count_node(kind, op, prec, count)
+            if kind is None:
                 unknown.append(op)
         report.casts_inserted = self.casts_inserted
         report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
@@ -702,5 +709,20 @@ def convert_model(
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
     converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress)
-    converter.run()
+    with _gc_paused():
+        converter.run()
     return report
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the sweeps allocate a few objects per node and free
+    them by reference counting, but each full collection walks every live one (a fifth of the
+    time on a 200,000-node graph)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -36,7 +36,7 @@ from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.types import infer_types
+from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verify.core import (
     Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _stack, _tolerance,
     emulation_reason,
@@ -90,7 +90,7 @@ def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_di
     is no overflow)."""
     info = PRECISIONS[precision]
     model, _ = emulate(model, candidate, computed=False)
-    types = infer_types(model)
+    types = model_types(model)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
     session = _Session(str(tmp.materialize(expose_outputs(model, names), base_dir, "screen.onnx")), provider, "reference")

@@ -44,15 +44,15 @@ class ConversionReport:
     verify: dict[str, Any] | None = None
     repair: dict[str, Any] | None = None
 
-    def count_node(self, kind: OpKind | None, op: str, precision: str | None) -> None:
+    def count_node(self, kind: OpKind | None, op: str, precision: str | None, count: int = 1) -> None:
         key = precision or "none"
         per_op = self.by_op.setdefault(op, {})
-        per_op[key] = per_op.get(key, 0) + 1
-        self.nodes_total += 1
-        self.by_precision[key] = self.by_precision.get(key, 0) + 1
+        per_op[key] = per_op.get(key, 0) + count
+        self.nodes_total += count
+        self.by_precision[key] = self.by_precision.get(key, 0) + count
         kind_key = kind.value if kind else "unknown"
         per_kind = self.by_kind.setdefault(kind_key, {})
-        per_kind[key] = per_kind.get(key, 0) + 1
+        per_kind[key] = per_kind.get(key, 0) + count
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import WeightSink, WeightSource, narrow
-from rlx_onnx_amp.types import all_graphs, infer_types
+from rlx_onnx_amp.types import all_graphs, model_types
 
 __all__ = ["emulate", "low_precision_values"]
 
@@ -28,7 +28,7 @@ _F32 = TensorProto.FLOAT
 
 def low_precision_values(candidate: ModelProto) -> dict[str, int]:
     """Name -> low element type, for every value the candidate holds in f16 or bf16."""
-    types = infer_types(candidate)
+    types = model_types(candidate)
     low: dict[str, int] = {}
     for scope in types.values():
         for name, elem in scope.items():
@@ -66,7 +66,7 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
     used = {n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
     used |= {t.name for g in all_graphs(model.graph) for t in g.initializer}
     rounded = 0
-    ref_types = infer_types(reference)
+    ref_types = model_types(reference)
     f32_names = {n for scope in ref_types.values() for n, t in scope.items() if t == _F32}
 
     def fresh(base: str) -> str:

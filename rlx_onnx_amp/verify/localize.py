@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.precision import FLOAT_TYPES
-from rlx_onnx_amp.types import infer_types
+from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verify.metrics import Tolerance
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def expose_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelPr
 
 
 def _float_values(model: onnx.ModelProto) -> list[str]:
-    types = infer_types(model)
+    types = model_types(model)
     main = types.get("", {})
     return [o for node in model.graph.node for o in node.output if o and main.get(o) in FLOAT_TYPES]
 
