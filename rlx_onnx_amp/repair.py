@@ -20,6 +20,7 @@ seen is written either way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import onnx
 
 from rlx_onnx_amp.api import convert, convert_file, load_model, resolve_policy
 from rlx_onnx_amp.convert import ConvertOptions
+from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.report import ConversionReport
@@ -143,9 +145,7 @@ class _Evaluator:
 
     def convert(self, keep: Mapping[str, str]) -> tuple[onnx.ModelProto, ConversionReport]:
         report = ConversionReport()
-        opts = ConvertOptions(self.options.keep_io_types, self.options.keep_f32_ops, self.options.keep_f32_nodes,
-                              {**self.options.keep_f32_paths, **{p: f"repair: {r}" for p, r in keep.items()}})
-        return convert(self.model, self.policy, options=opts, report=report), report
+        return convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report), report
 
     def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, onnx.ModelProto, ConversionReport, list[Any]]:
         """(passed, score, candidate, report, drifts); score: the worst output's error over its bound."""
@@ -153,9 +153,21 @@ class _Evaluator:
         candidate, report = self.convert(keep)
         low = low_precision_values(candidate)
         precision = _lowest_precision(low)
-        compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if emulation_reason(self.verify_options.emulate, self.provider, precision) else candidate
-        feed_low = low if compared is not candidate else {}
-        session = _Session(str(self.tmp.materialize(compared, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
+        emulated = emulation_reason(self.verify_options.emulate, self.provider, precision) is not None
+        session = None
+        if not emulated:
+            try:
+                session = _Session(str(self.tmp.materialize(candidate, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
+            except ModelRunError as e:
+                if self.verify_options.emulate is False or precision is Precision.F32:
+                    raise
+                # As verify does: a provider that cannot load the candidate gets it emulated.
+                logger.info("%s cannot run the candidate (%s): emulating", self.provider, e)
+                emulated = True
+        compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if emulated else candidate
+        feed_low = low if emulated else {}
+        if session is None:
+            session = _Session(str(self.tmp.materialize(compared, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
         drifts, score = [], 0.0
         runs = [session.run(_round_feeds(f, feed_low) if feed_low else f, self.output_names) for f in self.samples]
         for name in self.output_names:
@@ -175,6 +187,11 @@ class _Evaluator:
     def localize_first(self, precision: Precision) -> list[dict[str, Any]]:
         return localize(self.model, self.ref_path.parent, self.compared, self.ref_path.parent, self.samples[0], self.feed_low,
                         self.provider, self.tmp, _tolerance("", precision, self.verify_options), 50)
+
+
+def _with_kept(options: ConvertOptions, keep: Mapping[str, str]) -> ConvertOptions:
+    """The user's options plus the node paths repair keeps in f32."""
+    return dataclasses.replace(options, keep_f32_paths={**options.keep_f32_paths, **{p: f"repair: {r}" for p, r in keep.items()}})
 
 
 def _low_paths(report: ConversionReport) -> list[str]:
@@ -233,9 +250,7 @@ def repair_file(
                 passed, score, report, keep = _bisect(step, keep, remaining, budget - ev.evaluations)
             best = min(best, (score, dict(keep)), key=lambda b: b[0])
         final_keep = keep if passed else best[1]
-        conversion = convert_file(src, dst, resolved, data_name=data_name, options=ConvertOptions(
-            options.keep_io_types, options.keep_f32_ops, options.keep_f32_nodes,
-            {**options.keep_f32_paths, **{p: f"repair: {r}" for p, r in final_keep.items()}}))
+        conversion = convert_file(src, dst, resolved, data_name=data_name, options=_with_kept(options, final_keep))
     verified = verify(src, dst, verify_options)
     result = RepairResult(verified.passed, ev.evaluations, history=history)
     by_path = {k.path: k for k in conversion.kept_f32}

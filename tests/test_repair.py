@@ -14,6 +14,9 @@ from onnx import TensorProto
 from onnx import helper as h
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
+import onnxruntime as ort
+
+from rlx_onnx_amp import ModelRunError, make_options, repair
 from rlx_onnx_amp.repair import repair_file
 from rlx_onnx_amp.verify import VerifyOptions
 
@@ -129,3 +132,31 @@ def test_bisection_searches_loop_bodies(tmp_path: Path) -> None:
     assert kept_paths and all(p.startswith("0/body/") for p in kept_paths)  # only body nodes, found by path
     assert "0/body/0" not in kept_paths  # the gain Mul stays f16
     assert result.evaluations <= 24
+
+
+def test_repair_keeps_the_target(tmp_path: Path) -> None:
+    # Candidates are converted for the user's target: bf16 for the CPU provider keeps MatMul in
+    # f32 (no bf16 CPU kernel), and the written model loads there for real.
+    src = tmp_path / "block.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    out = tmp_path / "out.onnx"
+    conversion, verified, result = repair_file(
+        src, out, "auto-mixed-bf16", options=make_options(target="cpu"), verify_options=VerifyOptions(provider="cpu"))
+    assert conversion.target == "cpu" and result.passed and verified.passed
+    assert conversion.by_op["MatMul"] == {"f32": 8} and conversion.by_precision["bf16"] > 0
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def test_repair_emulates_a_candidate_the_provider_cannot_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on a provider that runs low precision natively (no emulation by default) but lacks a
+    # kernel the candidate needs: bf16 for CUDA on the CPU provider. Repair falls back to
+    # emulation, as verify does, instead of stopping with "cannot run".
+    monkeypatch.setattr(repair, "emulation_reason", lambda *args: None)
+    src = tmp_path / "block.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    out = tmp_path / "out.onnx"
+    conversion, verified, result = repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu"))
+    assert result.passed and result.evaluations == 1 and not result.kept
+    assert conversion.target == "cuda" and conversion.by_op["MatMul"] == {"bf16": 8}
+    with pytest.raises(ModelRunError):
+        repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu", emulate=False))
