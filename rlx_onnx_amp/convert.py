@@ -175,6 +175,7 @@ class _Converter:
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self.used_names: set[str] = set()
         self._group_cache: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], str | None]] = {}
+        self._templates: dict[tuple[object, ...], tuple[OpKind | None, Precision | None, dict[int, int | None], dict[int, int], str | None]] = {}
         self.casts_inserted = 0
         self.clamped: dict[str, ClampStats] = {}
 
@@ -198,6 +199,8 @@ class _Converter:
         scope.quantized_inputs = {n.input[0] for n in scope.graph.node if n.op_type in QDQ_CONSUMERS and n.input}
         scope.has_qdq = bool(scope.quantized_inputs) or (scope.parent is not None and scope.parent.has_qdq) or any(
             n.op_type in QDQ_PRODUCERS for n in scope.graph.node)
+        used_names, defined, producer, storage = self.used_names, scope.defined, scope.producer, scope.storage
+        orig_type = scope.orig.get if scope.parent is None else scope.orig_type
         for i, node in enumerate(scope.graph.node):
             path = f"{scope.path}{i}"
             children = []
@@ -214,18 +217,25 @@ class _Converter:
                 self.decide_scope(child, types)
                 for out in child.graph.output:  # bodies hand back their original types
                     self._want(child, out.name, child.orig_type(out.name))
-            self.used_names.update(decision.outputs)
-            self.used_names.add(node.name)
+            used_names.update(decision.outputs)
+            used_names.add(node.name)
+            output_types, input_types = decision.output_types, decision.input_types
             for k, name in enumerate(decision.outputs):
                 if not name:
                     continue
-                scope.defined.add(name)
-                scope.producer[name] = decision
-                if k in decision.output_types:
-                    scope.storage[name] = decision.output_types[k]
+                defined.add(name)
+                producer[name] = decision
+                if k in output_types:
+                    storage[name] = output_types[k]
             for k, name in enumerate(decision.inputs):
-                if name:
-                    self._want(scope, name, self._required(decision, scope, k))
+                if not name:
+                    continue
+                # _want(scope, name, type input k must be read at), inlined: it runs per edge.
+                elem = input_types[k] if k in input_types else orig_type(name)
+                if elem is not None:
+                    owner = scope if name in defined else scope.owner(name)
+                    if owner is not None:
+                        owner.wants.setdefault(name, set()).add(elem)
         if scope.parent is None:
             for out in scope.graph.output:
                 elem = out.type.tensor_type.elem_type if self.options.keep_io_types else None
@@ -236,13 +246,6 @@ class _Converter:
         owner = scope.owner(name)
         if owner is not None and elem is not None:
             owner.wants.setdefault(name, set()).add(elem)
-
-    @staticmethod
-    def _required(d: NodeDecision, scope: _Scope, k: int) -> int | None:
-        """The type node input `k` must be read at (None: any)."""
-        if k in d.input_types:
-            return d.input_types[k]
-        return scope.orig_type(d.inputs[k])
 
     def _opset(self, domain: str) -> int:
         return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
@@ -260,12 +263,28 @@ class _Converter:
     def _decide(self, node: NodeProto, path: str, scope: _Scope, *, has_subgraph: bool) -> NodeDecision:
         op, domain = node.op_type, node.domain
         ins, outs = list(node.input), list(node.output)
-        kind = kind_of(domain, op)
-        d = NodeDecision(path, node, kind, op, domain, ins, outs)
-        sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
         orig_type = scope.orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         in_types = [orig_type(n) if n else None for n in ins]
         out_types: list[int | None] = [scope.orig.get(n) if n else None for n in outs]
+        # Nodes that depend on nothing but their op and value types share one decision: most
+        # nodes of a large graph repeat a few dozen such templates.
+        plain = not (has_subgraph or scope.has_qdq or self.user_keeps) and None not in out_types
+        if plain:
+            key = (domain, op, tuple(t if n else -1 for n, t in zip(ins, in_types)), tuple(out_types))
+            template = self._templates.get(key)
+            if template is not None:
+                kind, precision, input_types, output_types, reason = template
+                return NodeDecision(path, node, kind, op, domain, ins, outs, precision, dict(input_types), dict(output_types), reason)
+        d = self._decide_node(node, path, scope, has_subgraph, op, domain, ins, outs, in_types, out_types)
+        if plain and not d.source and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS:
+            self._templates[key] = (d.kind, d.precision, dict(d.input_types), dict(d.output_types), d.reason)
+        return d
+
+    def _decide_node(self, node: NodeProto, path: str, scope: _Scope, has_subgraph: bool, op: str, domain: str,
+                     ins: list[str], outs: list[str], in_types: list[int | None], out_types: list[int | None]) -> NodeDecision:
+        kind = kind_of(domain, op)
+        d = NodeDecision(path, node, kind, op, domain, ins, outs)
+        sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
         # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
         if sig is not None and None in out_types:
             for g in sig.groups:
@@ -452,15 +471,28 @@ class _Converter:
                     self.casts_inserted += 1
                     self._value_info(scope, low_name, have or 0)
         new_nodes: list[NodeProto] = []
+        defined = scope.defined
+        orig_type = scope.orig.get if is_main else scope.orig_type
         for i, d in enumerate(scope.decisions):
             node = d.node
             for child in scope.children.get(i, []):
                 self.emit_scope(child)
+            input_types = d.input_types
             for k, name in enumerate(d.inputs):
-                if name:
-                    resolved = self.resolve(scope, name, self._required(d, scope, k), new_nodes)
-                    if resolved != name:
-                        node.input[k] = resolved
+                if not name:
+                    continue
+                want = input_types[k] if k in input_types else orig_type(name)
+                owner = scope if name in defined else scope.owner(name)
+                if owner is not None and want is not None:
+                    have = owner.storage.get(name, owner.orig.get(name))
+                    if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
+                        resolved = self.resolve(scope, name, want, new_nodes)  # needs a Cast (or a folded chain)
+                    else:
+                        resolved = owner.rename.get(name, name)
+                else:
+                    resolved = owner.rename.get(name, name) if owner is not None else name
+                if resolved != name:
+                    node.input[k] = resolved
             originals = d.outputs
             if scope.rename:
                 for k, name in enumerate(originals):

@@ -32,10 +32,18 @@ _KEEP_DATA_ELEMENTS = 1 << 16
 NON_TENSOR = -1
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_SCHEMAS = onnx.defs.get_all_schemas_with_history()
 #: The ops of the default domain that have graph attributes.
 _GRAPH_OPS = frozenset(
-    s.name for s in onnx.defs.get_all_schemas_with_history()
+    s.name for s in _SCHEMAS
     if s.domain == "" and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in s.attributes.values())
+)
+#: (domain, op) of the onnx schemas that have tensor attributes (Constant, ConstantOfShape, ...);
+#: the other ops of these domains hold no tensors, so their attributes need not be read.
+_SCHEMA_DOMAINS = frozenset(s.domain for s in _SCHEMAS)
+_TENSOR_OPS = frozenset(
+    (s.domain, s.name) for s in _SCHEMAS
+    if any(a.type in (AttributeProto.TENSOR, AttributeProto.TENSORS) for a in s.attributes.values())
 )
 
 #: Element types of the values of each graph scope, keyed by scope path.
@@ -45,7 +53,7 @@ ScopeTypes = dict[str, dict[str, int]]
 def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
     """The graphs held in a node's attributes, with a stable key for each."""
     found: list[tuple[str, GraphProto]] = []
-    if not node.attribute or (node.domain in _DEFAULT_DOMAINS and node.op_type not in _GRAPH_OPS):
+    if (node.op_type not in _GRAPH_OPS and node.domain in _DEFAULT_DOMAINS) or not node.attribute:
         return found  # of the default domain's ops, only these hold graphs: skip reading attributes
     for attr in node.attribute:
         if attr.type == AttributeProto.GRAPH:
@@ -69,6 +77,9 @@ def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
     for graph in all_graphs(model.graph):
         yield from graph.initializer
         for node in graph.node:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            if domain in _SCHEMA_DOMAINS and (domain, node.op_type) not in _TENSOR_OPS:
+                continue
             for attr in node.attribute:
                 if attr.type == AttributeProto.TENSOR:
                     yield attr.t
@@ -159,6 +170,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     opsets.setdefault("", opsets.get("ai.onnx", 1))
     types: dict[str, int] = {init.name: init.data_type for init in graph.initializer}
+    templates: dict[tuple[object, ...], list[int | None]] = {}
     for vi in (*graph.input, *graph.value_info, *graph.output):
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type" and vi.type.tensor_type.elem_type:
@@ -167,7 +179,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
             return None  # sequences, optionals, maps: onnx's inference knows them
     for node in graph.node:
         op, domain = node.op_type, node.domain
-        outs = node.output
+        outs = list(node.output)
         default_domain = domain in ("", "ai.onnx")
         if default_domain and op in ("Constant", "ConstantOfShape"):
             elem = _constant_type(node)
@@ -181,32 +193,35 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
                 return None
             types[outs[0]] = to
             continue
-        for a in node.attribute:
-            if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
-                return None  # control flow: bodies need onnx's inference
-        ins = node.input
-        sig = signature("" if default_domain else domain, op, opsets.get("" if default_domain else domain, 1), len(ins), len(outs))
-        if sig is None:
-            return None
-        for g in sig.groups:
-            if not g.outputs:
+        if subgraphs(node):
+            return None  # control flow: bodies need onnx's inference
+        ins = list(node.input)
+        key = (domain, op, tuple(types.get(n, 0) if n else -1 for n in ins), len(outs))
+        elems = templates.get(key)
+        if elems is None:
+            sig = signature("" if default_domain else domain, op, opsets.get("" if default_domain else domain, 1), len(ins), len(outs))
+            if sig is None:
+                return None
+            elems = [None] * len(outs)
+            for g in sig.groups:
+                known = {types[ins[k]] for k in g.inputs if ins[k] and ins[k] in types}
+                if len(known) == 1:
+                    (elem,) = known
+                elif not known and len(g.allowed) == 1:
+                    elem = _tensor_type(next(iter(g.allowed)))
+                else:
+                    elem = None
+                for k in g.outputs:
+                    elems[k] = elem
+            templates[key] = elems  # the same op on the same input types types its outputs alike
+        for name, elem in zip(outs, elems):
+            if not name:
                 continue
-            known = {types[ins[k]] for k in g.inputs if ins[k] and ins[k] in types}
-            if len(known) == 1:
-                (elem,) = known
-            elif not known and len(g.allowed) == 1:
-                elem = _tensor_type(next(iter(g.allowed)))
-            else:
-                elem = None
-            for k in g.outputs:
-                name = outs[k]
-                if not name:
-                    continue
-                if elem is None:
-                    if name not in types:
-                        return None
-                    continue
-                types.setdefault(name, elem)  # a declared type stands
+            if elem is None:
+                if name not in types:
+                    return None
+                continue
+            types.setdefault(name, elem)  # a declared type stands
     return {"": types}
 
 
