@@ -130,3 +130,24 @@ def test_bf16_for_cuda_loads_and_runs_on_cuda(name: str) -> None:
     session = ort.InferenceSession(converted.SerializeToString(), opts, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     feeds = feeds_for(fixture, original)
     assert_close(run(original, feeds), session.run(None, feeds), 5e-2, 5e-2, 0.995)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="onnxruntime's CUDA execution provider is not installed here")
+def test_cuda_snapshot_agrees_with_the_installed_registry() -> None:
+    # With onnxruntime-gpu installed, the live registry is used; the shipped snapshot must say
+    # the same about bf16/f16 for the ops the taxonomy lowers, or it is stale.
+    from rlx_onnx_amp.kernels import _from_registry, _from_snapshot
+
+    live, snapshot = _from_registry("CUDAExecutionProvider"), _from_snapshot("CUDAExecutionProvider")
+    assert live is not None
+    differ = []
+    for (domain, op), kernels in snapshot.kernels.items():
+        for k in kernels:
+            for precision in (Precision.F16, Precision.BF16):
+                name = precision.info.type_str[len("tensor("):-1]
+                said = k.takes(tuple(k.types), name)
+                now = any(lk.takes(tuple(k.types), name) for lk in live.serving(domain, op, k.since))
+                if said != now:
+                    differ.append((domain, op, k.since, precision.value, said, now))
+    assert differ == []
