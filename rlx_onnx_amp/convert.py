@@ -350,7 +350,7 @@ class _Converter:
                       any_inputs: tuple[int, ...], target: Precision) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
         """(inputs to lower, outputs to lower, reason when nothing could be): memoized, since
         most nodes of a model share a handful of signatures."""
-        key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target, self.options.target)
+        key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target)
         cached = self._group_cache.get(key)
         if cached is not None:
             return cached
@@ -485,7 +485,7 @@ class _Converter:
                     continue
                 want = input_types[k] if k in input_types else orig_type(name)
                 owner = scope if name in defined else scope.owner(name)
-                if owner is not None and want is not None:
+                if owner is not None and want is not None:  # resolve()'s early return, inlined per edge
                     have = owner.storage.get(name, owner.orig.get(name))
                     if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
                         resolved = self.resolve(scope, name, want, new_nodes)  # needs a Cast (or a folded chain)
@@ -662,8 +662,8 @@ class _Converter:
 
 
 def _cast_node(src: str, dst: str, name: str, to: int) -> NodeProto:
-    """Cast(src) -> dst, built field by field (helper.make_node validates and sorts its
-    attributes: a tenth of the rewrite's time when a large graph needs many Casts)."""
+    """Cast(src) -> dst, built field by field (helper.make_node's attribute checks cost more
+    than the node; this runs once per inserted Cast)."""
     node = NodeProto(op_type="Cast", name=name, input=[src], output=[dst])
     attr = node.attribute.add()
     attr.name, attr.type, attr.i = "to", onnx.AttributeProto.INT, to

@@ -41,8 +41,7 @@ from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verify.core import (
     Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _stack, _tolerance,
-    emulation_reason,
-    resolve_provider, verify,
+    emulation_fallback, emulation_reason, resolve_provider, verify,
 )
 from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
 from rlx_onnx_amp.verify.inputs import load_inputs, synthesize
@@ -158,11 +157,8 @@ class _Evaluator:
         if not emulated:
             try:
                 session = _Session(str(self.tmp.materialize(candidate, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
-            except ModelRunError as e:
-                if self.verify_options.emulate is False or precision is Precision.F32:
-                    raise
-                # As verify does: a provider that cannot load the candidate gets it emulated.
-                logger.info("%s cannot run the candidate (%s): emulating", self.provider, e)
+            except ModelRunError as e:  # as in verify: a candidate the provider cannot load is emulated
+                logger.info("%s: emulating", emulation_fallback(e, self.verify_options.emulate, self.provider, precision))
                 emulated = True
         compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if emulated else candidate
         feed_low = low if emulated else {}

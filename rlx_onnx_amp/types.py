@@ -3,8 +3,8 @@
 Two ways, the first tried first:
 - `schema_types`: one pass over the graph in node order, typing each output from the op's
   schema (the input it shares a type variable with, or the one type its variable admits) or
-  from a `to`/`value` attribute. No serialization; about 10x cheaper than onnx's inference on a
-  200,000-node graph. It gives up (None) on anything it cannot type for certain: control flow,
+  from a `to`/`value` attribute. No serialization; on a 200,000-node graph about half the time
+  of the inference path below (2.5 s against 3.6 to 4.8 s). It gives up (None) on anything it cannot type for certain: control flow,
   sequences, outputs typed by other attributes, unknown ops.
 - `infer_types`: onnx's shape inference on a copy of the model's structure in which large
   initializers carry only their type and dims, so a multi-GB model costs no more than its graph.
@@ -138,7 +138,7 @@ def infer_types(model: ModelProto) -> ScopeTypes:
 _TYPE_NAMES = {TensorProto.DataType.Name(v).lower(): v for v in TensorProto.DataType.values()}
 _TYPE_NAMES.update(float=TensorProto.FLOAT, double=TensorProto.DOUBLE, float16=TensorProto.FLOAT16,
                    bfloat16=TensorProto.BFLOAT16)
-#: Ops whose output type an attribute gives: (attribute, its default type).
+#: Ops whose output type is the value of an attribute (a TensorProto.DataType).
 _TO_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
 
 

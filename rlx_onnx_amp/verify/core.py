@@ -181,6 +181,14 @@ def emulation_reason(emulate: bool | None, provider: str, precision: Precision) 
     return "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic" if provider == "cpu" else None
 
 
+def emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str, precision: Precision) -> str:
+    """Why a candidate the provider cannot load is verified by emulation instead; re-raises
+    `error` when emulation is switched off or the candidate holds nothing in low precision."""
+    if emulate is False or precision is Precision.F32:
+        raise error
+    return f"{provider} cannot run the candidate: {error}"
+
+
 def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None,
            progress: Progress | None = None) -> VerifyReport:
     """Compare `candidate` against `reference` on the same inputs (see README, Verification)."""
@@ -211,9 +219,7 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
         candidate_loaded = True
         reason = emulation_reason(options.emulate, provider, precision)
     except ModelRunError as e:
-        if options.emulate is False or precision is Precision.F32:
-            raise
-        reason = f"{provider} cannot run the candidate: {e}"
+        reason = emulation_fallback(e, options.emulate, provider, precision)
     with Scratch("rlx-amp-verify-") as tmp:
         if reason is not None:
             emulated = True
