@@ -62,6 +62,8 @@ def test_bf16_for_cpu_loads_and_runs_on_the_cpu_provider(name: str) -> None:
     converted = convert(original, "auto-mixed-bf16", report=report, target="cpu")
     onnx.checker.check_model(converted, full_check=True)
     assert report.target == "cpu"
+    again = convert(converted, "auto-mixed-bf16", target="cpu")
+    assert again.SerializeToString() == converted.SerializeToString()  # idempotent for this target too
     assert set(elem_types(converted).values()) & {TensorProto.FLOAT16} <= set(elem_types(original).values())
     # Every node kept for a kernel names the CPU provider; every node left in bf16 has a kernel.
     kernel_kept = [k for k in report.kept_f32 if k.reason.startswith("kernel:")]
