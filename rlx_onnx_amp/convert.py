@@ -565,9 +565,11 @@ class _Converter:
         for a in ("value_float", "value_floats", attr_name):
             if a in attrs:
                 node.attribute.remove(attrs[a])
-        tensor = onnx.TensorProto(name=node.output[0], dims=dims)
-        self.sink.store(tensor, low, precision.elem_type)
-        node.attribute.append(helper.make_attribute(attr_name, tensor))
+        attr = node.attribute.add()  # built in place: make_attribute's checks cost more than the value
+        attr.name, attr.type = attr_name, onnx.AttributeProto.TENSOR
+        attr.t.name = node.output[0]
+        attr.t.dims.extend(dims)
+        self.sink.store(attr.t, low, precision.elem_type)
 
     def _record_clamp(self, name: str, stats: ClampStats) -> None:
         if stats.clamped or stats.flushed:

@@ -125,6 +125,8 @@ class WeightSource:
 
     def read(self, tensor: TensorProto) -> np.ndarray:
         if not is_external(tensor):
+            if tensor.data_type == TensorProto.FLOAT and tensor.raw_data:  # the common case, 4x faster than to_array
+                return np.frombuffer(tensor.raw_data, dtype=np.float32).reshape(tuple(tensor.dims))
             return numpy_helper.to_array(tensor)
         self.check(tensor)
         info = _external_info(tensor)
