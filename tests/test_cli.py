@@ -106,6 +106,9 @@ def test_target_decides_bf16_kernels(model: Path, tmp_path: Path) -> None:
     import onnxruntime as ort
 
     ort.InferenceSession(str(tmp_path / "cpu.onnx"), providers=["CPUExecutionProvider"])  # loads for real
+    # inspect answers for the same target without writing anything
+    shown = json.loads(rlx("inspect", str(model), "--policy", "auto-mixed-bf16", "--target", "cpu", "--json").stdout)
+    assert shown["target"] == "cpu" and shown["by_op"]["MatMul"] == {"f32": 8}
 
 
 def test_inspect(model: Path, tmp_path: Path) -> None:
