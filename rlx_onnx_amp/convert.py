@@ -43,7 +43,7 @@ from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, model_types, subgraphs
+from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, constant_type, model_types, subgraphs, tensor_elem_type
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -293,14 +293,14 @@ class _Converter:
                 known = [in_types[k] for k in g.inputs if in_types[k] is not None]
                 known += [out_types[k] for k in g.outputs if out_types[k] is not None]
                 single = next(iter(g.allowed)) if len(g.allowed) == 1 else None
-                elem = known[0] if known else _elem_of_type_str(single)
+                elem = known[0] if known else tensor_elem_type(single)
                 for k in g.outputs:
                     if out_types[k] is None and elem is not None and outs[k]:
                         out_types[k] = elem
                         scope.orig[outs[k]] = elem
         attr_source = SOURCE_VALUE_ATTRIBUTES.get(op) if domain in ("", "ai.onnx") else None
         if attr_source:
-            value_elem = _source_elem(node, attr_source)
+            value_elem = constant_type(node)
             if value_elem is not None and outs and outs[0]:
                 out_types[0] = out_types[0] or value_elem
                 scope.orig[outs[0]] = out_types[0]
@@ -705,27 +705,6 @@ def _kernel_gap(node: NodeProto) -> str | None:
     for a in node.attribute:
         if a.name == attr_name and a.s.decode() in values:
             return reason
-    return None
-
-
-def _elem_of_type_str(type_str: str | None) -> int | None:
-    if not type_str or not type_str.startswith("tensor("):
-        return None
-    name = type_str[len("tensor("):-1]
-    table = {"float": _F32, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "double": TensorProto.DOUBLE,
-             "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL, "int8": TensorProto.INT8,
-             "uint8": TensorProto.UINT8, "string": TensorProto.STRING}
-    return table.get(name)
-
-
-def _source_elem(node: NodeProto, attr_name: str) -> int | None:
-    for a in node.attribute:
-        if a.name == attr_name and a.type == onnx.AttributeProto.TENSOR:
-            return a.t.data_type
-        if a.name in ("value_float", "value_floats"):
-            return _F32
-    if node.op_type == "ConstantOfShape":
-        return _F32  # default value is a float 0
     return None
 
 

@@ -20,7 +20,9 @@ import onnx
 import onnx.shape_inference
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-__all__ = ["NON_TENSOR", "ScopeTypes", "all_graphs", "all_tensors", "infer_types", "model_types", "schema_types", "subgraphs"]
+from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
+
+__all__ = ["NON_TENSOR", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "infer_types", "model_types", "schema_types", "subgraphs", "tensor_elem_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,13 +144,15 @@ _TYPE_NAMES.update(float=TensorProto.FLOAT, double=TensorProto.DOUBLE, float16=T
 _TO_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
 
 
-def _tensor_type(type_str: str) -> int | None:
-    if type_str.startswith("tensor(") and type_str.endswith(")"):
+def tensor_elem_type(type_str: str | None) -> int | None:
+    """The element type of a type string such as `tensor(float16)`; None for other strings."""
+    if type_str and type_str.startswith("tensor(") and type_str.endswith(")"):
         return _TYPE_NAMES.get(type_str[len("tensor("):-1])
     return None
 
 
-def _constant_type(node: onnx.NodeProto) -> int | None:
+def constant_type(node: onnx.NodeProto) -> int | None:
+    """The element type of a Constant's or ConstantOfShape's value (a float 0 when it has none)."""
     for a in node.attribute:
         if a.name == "value" and a.type == AttributeProto.TENSOR:
             return a.t.data_type
@@ -181,8 +185,8 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
         op, domain = node.op_type, node.domain
         outs = list(node.output)
         default_domain = domain in ("", "ai.onnx")
-        if default_domain and op in ("Constant", "ConstantOfShape"):
-            elem = _constant_type(node)
+        if default_domain and op in SOURCE_VALUE_ATTRIBUTES:
+            elem = constant_type(node)
             if elem is None:
                 return None
             types[outs[0]] = elem
@@ -208,7 +212,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
                 if len(known) == 1:
                     (elem,) = known
                 elif not known and len(g.allowed) == 1:
-                    elem = _tensor_type(next(iter(g.allowed)))
+                    elem = tensor_elem_type(next(iter(g.allowed)))
                 else:
                     elem = None
                 for k in g.outputs:
