@@ -42,7 +42,7 @@ from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision
 from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
-from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource, narrow, tensor_nbytes
+from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, ClampStats, NarrowBatch, WeightSink, WeightSource, narrow, tensor_nbytes
 from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, constant_type, model_types, subgraphs, tensor_elem_type
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
@@ -180,6 +180,9 @@ class _Converter:
         self._templates: dict[tuple[object, ...], tuple[OpKind | None, Precision | None, dict[int, int | None], dict[int, int], str | None]] = {}
         self.casts_inserted = 0
         self.clamped: dict[str, ClampStats] = {}
+        # Small float tensors are narrowed together at the end (one numpy pass per precision).
+        self.batching = sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
+        self._batches: dict[Precision, NarrowBatch] = {}
 
     # ---- names -------------------------------------------------------------------------
     def _collect_names(self, graph: GraphProto) -> None:
@@ -515,11 +518,13 @@ class _Converter:
                     out.name = resolved
                     if not out.type.HasField("tensor_type") and want is not None:
                         out.type.tensor_type.elem_type = want
+        self._run_batches()  # before the node list is rebuilt: that copies the nodes, batched tensors included
         count = len(graph.node)
         graph.node.extend(new_nodes)
         del graph.node[:count]
         self._retype_declarations(scope)
         self._convert_initializers(scope)
+        self._run_batches()
 
     def _retype_attributes(self, d: NodeDecision, scope: _Scope) -> None:
         node = d.node
@@ -530,9 +535,7 @@ class _Converter:
             return
         for attr in node.attribute:
             if attr.name in TYPED_TENSOR_ATTRIBUTES.get(node.op_type, ()) and attr.t.data_type == _F32 and d.precision:
-                low, stats = narrow(self.source.read(attr.t), d.precision)
-                self._record_clamp(f"{d.label}.{attr.name}", stats)
-                self.sink.store(attr.t, low, d.precision.elem_type)
+                self._narrow_tensor(attr.t, d.precision, f"{d.label}.{attr.name}")
         attr_name = TYPE_ATTRIBUTES.get(node.op_type)
         if attr_name and 0 in d.output_types:
             attrs = {a.name: a for a in node.attribute}
@@ -545,11 +548,7 @@ class _Converter:
         assert precision is not None
         attrs = {a.name: a for a in node.attribute}
         if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR:
-            tensor = attrs[attr_name].t
-            array = self.source.read(tensor)
-            low, stats = narrow(array, precision)
-            self._record_clamp(node.output[0], stats)
-            self.sink.store(tensor, low, precision.elem_type)
+            self._narrow_tensor(attrs[attr_name].t, precision, node.output[0])
             return
         # value_float(s) or a ConstantOfShape without value (0.0): becomes a typed tensor.
         if "value_float" in attrs:
@@ -558,10 +557,6 @@ class _Converter:
             values, dims = list(attrs["value_floats"].floats), [len(attrs["value_floats"].floats)]
         else:
             values, dims = [0.0], [1]
-        import numpy as np
-
-        low, stats = narrow(np.array(values, dtype=np.float32).reshape(dims), precision)
-        self._record_clamp(node.output[0], stats)
         for a in ("value_float", "value_floats", attr_name):
             if a in attrs:
                 node.attribute.remove(attrs[a])
@@ -569,7 +564,33 @@ class _Converter:
         attr.name, attr.type = attr_name, onnx.AttributeProto.TENSOR
         attr.t.name = node.output[0]
         attr.t.dims.extend(dims)
+        if self.batching and 0 < len(values) <= SMALL_TENSOR_ELEMENTS:
+            self._batch(precision).add_values(attr.t, values, node.output[0])
+            return
+        import numpy as np
+
+        low, stats = narrow(np.array(values, dtype=np.float32).reshape(dims), precision)
+        self._record_clamp(node.output[0], stats)
         self.sink.store(attr.t, low, precision.elem_type)
+
+    def _batch(self, precision: Precision) -> NarrowBatch:
+        batch = self._batches.get(precision)
+        if batch is None:
+            batch = self._batches[precision] = NarrowBatch(precision)
+        return batch
+
+    def _narrow_tensor(self, tensor: TensorProto, precision: Precision, label: str) -> None:
+        """Narrow a tensor attribute in place: small ones join a batch (see `NarrowBatch`)."""
+        if self.batching and self._batch(precision).add(tensor, label):
+            return
+        low, stats = narrow(self.source.read(tensor), precision)
+        self._record_clamp(label, stats)
+        self.sink.store(tensor, low, precision.elem_type)
+
+    def _run_batches(self) -> None:
+        for batch in self._batches.values():
+            for label, stats in batch.run():
+                self._record_clamp(label, stats)
 
     def _record_clamp(self, name: str, stats: ClampStats) -> None:
         if stats.clamped or stats.flushed:
@@ -609,6 +630,11 @@ class _Converter:
             if target is not None and target != init.data_type:
                 precision = precision_of_elem_type(target)
                 assert precision is not None
+                if self.batching and self._batch(precision).add(init, init.name):
+                    self.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
+                    if self.progress is not None:
+                        self.progress(before)
+                    continue
                 stats, written = self.sink.store_narrowed(init, self.source, precision)
                 self._record_clamp(init.name, stats)
                 self.report.initializer_bytes_after += written

@@ -23,7 +23,7 @@ from onnx import TensorProto, numpy_helper
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.precision import Precision
 
-__all__ = ["ClampStats", "ExternalSink", "WeightSink", "WeightSource", "external_locations", "narrow", "tensor_nbytes"]
+__all__ = ["ClampStats", "ExternalSink", "NarrowBatch", "SMALL_TENSOR_ELEMENTS", "WeightSink", "WeightSource", "external_locations", "narrow", "tensor_nbytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,29 +56,118 @@ class ClampStats:
 def narrow(array: np.ndarray, precision: Precision) -> tuple[np.ndarray, ClampStats]:
     """Convert a float array to `precision`, clamping finite values to its range."""
     info = precision.info
-    stats = ClampStats()
     if array.dtype == info.np_dtype:
-        return array, stats
+        return array, ClampStats()
     src = array.astype(np.float32, copy=False)
     if not src.size:
-        return src.astype(info.np_dtype), stats
+        return src.astype(info.np_dtype), ClampStats()
+    out, (stats,) = _narrow_segments(src, precision, None)
+    return out, stats
+
+
+def _narrow_segments(src: np.ndarray, precision: Precision, starts: np.ndarray | None) -> tuple[np.ndarray, list[ClampStats]]:
+    """Narrow a non-empty float32 array; one ClampStats per segment of its flattened values
+    (`starts`: the first index of each non-empty segment; None: one segment)."""
+    info = precision.info
+    flat = src.reshape(-1)
+    bounds = [0, flat.size] if starts is None else [*starts.tolist(), flat.size]
+    stats = [ClampStats() for _ in bounds[:-1]]
     # Fast path: two reductions prove the common case (all finite, all in range); NaN or Inf
     # make them non-finite and take the exact path.
     lo, hi = float(src.min()), float(src.max())
     if not (np.isfinite(lo) and np.isfinite(hi) and -info.max_finite <= lo and hi <= info.max_finite):
         finite_over = np.abs(src) > info.max_finite
         finite_over &= np.isfinite(src)
-        stats.clamped = int(np.count_nonzero(finite_over))
-        if stats.clamped:
-            over = src[finite_over]
-            stats.worst = float(over[np.argmax(np.abs(over))])
+        if finite_over.any():
+            over_flat = finite_over.reshape(-1)
+            counts = [int(np.count_nonzero(over_flat))] if starts is None else np.add.reduceat(over_flat, starts).tolist()
+            for k, count in enumerate(counts):
+                if count:
+                    segment = flat[bounds[k]:bounds[k + 1]]
+                    over = segment[over_flat[bounds[k]:bounds[k + 1]]]
+                    stats[k].clamped, stats[k].worst = int(count), float(over[np.argmax(np.abs(over))])
             src = np.where(finite_over, np.copysign(np.float32(info.max_finite), src), src)  # Inf stays Inf
+            flat = src.reshape(-1)
     out = src.astype(info.np_dtype)
     # Values that became zero: narrowing keeps zeros and NaN, so the non-zero counts differ
     # exactly by the flushed values. (Counted on the 16-bit patterns without the sign bit:
     # numpy counts float16 slowly, and -0 is a zero either way.)
-    stats.flushed = int(np.count_nonzero(src)) - int(np.count_nonzero(out.view(np.uint16) & 0x7FFF))
+    out_nonzero = out.reshape(-1).view(np.uint16) & 0x7FFF
+    if starts is None:
+        stats[0].flushed = int(np.count_nonzero(flat)) - int(np.count_nonzero(out_nonzero))
+    else:
+        flushed = (flat != 0) & (out_nonzero == 0)
+        if flushed.any():
+            for k, count in enumerate(np.add.reduceat(flushed, starts).tolist()):
+                stats[k].flushed = int(count)
     return out, stats
+
+
+#: Float tensors up to this many elements are narrowed together by `NarrowBatch`. At 16 bits
+#: they stay under `ExternalSink`'s inline threshold, so the batch stores what `store` would.
+SMALL_TENSOR_ELEMENTS = 256
+
+
+class NarrowBatch:
+    """Small inline float32 tensors narrowed to one precision in a single numpy pass.
+
+    A large graph holds tens of thousands of tiny weights (biases, scales, Constant scalars);
+    narrowing each alone costs a dozen numpy calls, most of the conversion time for such a
+    graph. `add` takes a tensor (or the float values a new tensor should hold) and `run`
+    writes every one in place, inline, with the same bytes and per-tensor statistics that
+    `narrow` gives.
+    """
+
+    def __init__(self, precision: Precision) -> None:
+        self.precision = precision
+        self._parts: list[bytes] = []
+        self._tensors: list[TensorProto] = []
+        self._keys: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def add(self, tensor: TensorProto, key: str) -> bool:
+        """Queue an inline float32 tensor of at most SMALL_TENSOR_ELEMENTS values; False (and
+        nothing queued) for any other tensor."""
+        if tensor.data_type != TensorProto.FLOAT or tensor.data_location == TensorProto.EXTERNAL:
+            return False
+        raw = tensor.raw_data
+        count = 1
+        for d in tensor.dims:
+            count *= d
+        if not 0 < count <= SMALL_TENSOR_ELEMENTS or len(raw) != 4 * count:
+            return False
+        self._parts.append(raw)
+        self._tensors.append(tensor)
+        self._keys.append(key)
+        return True
+
+    def add_values(self, tensor: TensorProto, values: list[float], key: str) -> None:
+        """Queue a tensor (its dims already set) that is to hold `values`."""
+        if not values:
+            raise ValueError("NarrowBatch.add_values: no values")
+        self._parts.append(np.asarray(values, dtype=np.float32).tobytes())
+        self._tensors.append(tensor)
+        self._keys.append(key)
+
+    def run(self) -> list[tuple[str, ClampStats]]:
+        """Narrow and store every queued tensor; (key, stats) for each, in the order added."""
+        if not self._tensors:
+            return []
+        lengths = [len(p) // 4 for p in self._parts]
+        src = np.frombuffer(b"".join(self._parts), dtype=np.float32)
+        starts = np.cumsum([0, *lengths[:-1]], dtype=np.int64)
+        out, stats = _narrow_segments(src, self.precision, starts)
+        data, itemsize, elem_type = out.tobytes(), out.dtype.itemsize, self.precision.elem_type
+        position = 0
+        for tensor, length in zip(self._tensors, lengths):
+            tensor.data_type = elem_type
+            tensor.raw_data = data[position:position + length * itemsize]
+            position += length * itemsize
+        result = list(zip(self._keys, stats))
+        self._parts, self._tensors, self._keys = [], [], []
+        return result
 
 
 def _external_info(tensor: TensorProto) -> dict[str, str]:
@@ -171,6 +260,10 @@ class WeightSink:
     def store(self, tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
         set_array(tensor, array, elem_type)
 
+    def stores_inline(self, nbytes: int) -> bool:
+        """Whether `store` keeps a tensor of `nbytes` inline."""
+        return True
+
     def store_narrowed(self, tensor: TensorProto, source: WeightSource, precision: Precision) -> tuple[ClampStats, int]:
         """Narrow `tensor` (read from `source`) to `precision` and store it; (stats, bytes written)."""
         low, stats = narrow(source.read(tensor), precision)
@@ -239,6 +332,9 @@ class ExternalSink(WeightSink):
                 remaining -= len(block)
         self._offset += length
         self._point(tensor, start, length)
+
+    def stores_inline(self, nbytes: int) -> bool:
+        return nbytes < self.threshold
 
     def store(self, tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:
         data = np.ascontiguousarray(array)

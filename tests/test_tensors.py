@@ -1,0 +1,91 @@
+"""Narrowing weights: the batched path for small tensors gives what `narrow` gives, tensor by tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, NarrowBatch, narrow
+
+# Inf, NaN, signed zeros, values each precision clamps (past 65504; f32's max past bf16's) or
+# flushes to zero (1e-30 in f16, 1e-44 in bf16), and the edges of f16's rounding to Inf.
+_SPECIALS = np.array([np.inf, -np.inf, np.nan, 1e9, -7e4, 1e-9, -1e-30, 1e-44, 0.0, -0.0, 3e38,
+                      np.finfo(np.float32).max, 65519.0, 65520.0], dtype=np.float32)
+
+
+def _arrays(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = [_SPECIALS.copy()]
+    for _ in range(int(rng.integers(1, 40))):
+        n = int(rng.integers(1, SMALL_TENSOR_ELEMENTS + 1))
+        a = (rng.standard_normal(n) * 10.0 ** rng.integers(-9, 6)).astype(np.float32)
+        if rng.random() < 0.3:
+            a[rng.integers(0, n, size=3)] = rng.choice(_SPECIALS, size=3)
+        arrays.append(a)
+    return arrays
+
+
+@pytest.mark.parametrize("precision", [Precision.F16, Precision.BF16])
+@pytest.mark.parametrize("seed", range(20))
+def test_batch_matches_narrow_per_tensor(precision: Precision, seed: int) -> None:
+    arrays = _arrays(seed)
+    tensors = [numpy_helper.from_array(a, f"t{k}") for k, a in enumerate(arrays)]
+    batch = NarrowBatch(precision)
+    assert all(batch.add(t, t.name) for t in tensors)
+    results = batch.run()
+    assert [key for key, _ in results] == [t.name for t in tensors] and len(batch) == 0
+    for array, tensor, (_, stats) in zip(arrays, tensors, results):
+        low, expected = narrow(array, precision)
+        assert tensor.data_type == precision.elem_type
+        assert tensor.raw_data == low.tobytes()
+        assert (stats.clamped, stats.flushed) == (expected.clamped, expected.flushed)
+        assert stats.worst == expected.worst
+    assert results[0][1].clamped and results[0][1].flushed  # the specials exercise both counts
+
+
+def test_batch_refuses_what_it_cannot_narrow_alone() -> None:
+    batch = NarrowBatch(Precision.F16)
+    big = numpy_helper.from_array(np.ones(SMALL_TENSOR_ELEMENTS + 1, np.float32), "big")
+    ints = numpy_helper.from_array(np.ones(4, np.int64), "ints")
+    empty = numpy_helper.from_array(np.ones(0, np.float32), "empty")
+    listed = TensorProto(name="listed", data_type=TensorProto.FLOAT, dims=[2], float_data=[1.0, 2.0])  # no raw_data
+    external = numpy_helper.from_array(np.ones(4, np.float32), "external")
+    external.data_location = TensorProto.EXTERNAL
+    short = numpy_helper.from_array(np.ones(4, np.float32), "short")
+    short.dims[0] = 5  # raw_data holds 4 values
+    for tensor in (big, ints, empty, listed, external, short):
+        assert not batch.add(tensor, tensor.name), tensor.name
+    assert len(batch) == 0 and batch.run() == []
+
+
+def test_many_small_constants_clamp_and_count_like_one() -> None:
+    """A graph of many small weights (the batched path) reports the same clamps per tensor."""
+    from onnx import helper
+
+    rng = np.random.default_rng(7)
+    nodes, inits, prev = [], [], "x"
+    expected: dict[str, tuple[int, int]] = {}
+    for k in range(30):
+        bias = rng.standard_normal(8).astype(np.float32)
+        if k % 3 == 0:
+            bias[k % 8] = 1e6 * (1 if k % 2 else -1)  # clamped under f16
+        if k % 5 == 0:
+            bias[(k + 1) % 8] = 1e-9  # flushed to zero
+        inits.append(numpy_helper.from_array(bias, f"b{k}"))
+        low, stats = narrow(bias, Precision.F16)
+        if stats.clamped or stats.flushed:
+            expected[f"b{k}"] = (stats.clamped, stats.flushed)
+        nodes.append(helper.make_node("Add", [prev, f"b{k}"], [f"a{k}"], name=f"add{k}"))
+        prev = f"a{k}"
+    graph = helper.make_graph(nodes, "adds", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = ConversionReport()
+    converted = convert(model, "always-f16", report=report)
+    assert {k: (v["clamped"], v["flushed_to_zero"]) for k, v in report.clamped.items()} == expected
+    for init, original in zip(converted.graph.initializer, inits):
+        assert init.data_type == TensorProto.FLOAT16
+        assert np.array_equal(numpy_helper.to_array(init), narrow(numpy_helper.to_array(original), Precision.F16)[0])
