@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import gc
 import logging
 import re
@@ -43,7 +44,7 @@ from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
 from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, ClampStats, NarrowBatch, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import NON_TENSOR, ScopeTypes, constant_type, model_types, subgraphs, tensor_elem_type
+from rlx_onnx_amp.types import _GRAPH_OPS, _TO_ATTRIBUTE, NON_TENSOR, ScopeTypes, constant_type, infer_types, subgraphs, tensor_elem_type
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -86,6 +87,7 @@ class NodeDecision:
     output_types: dict[int, int] = field(default_factory=dict)
     reason: str | None = None  # why it was kept, when the policy wanted it lower
     source: bool = False  # a Constant-like node whose type follows its consumers
+    keepable: bool = False  # the policy wants it lower, so a user keep (rule 2b) applies to it
 
     @property
     def label(self) -> str:
@@ -102,12 +104,16 @@ class _Scope:
         self.orig: dict[str, int] = dict(types)  # element types before the rewrite
         self.storage: dict[str, int] = {}  # element types after
         self.defined: set[str] = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        #: Values whose storage type follows what their consumers want (graph inputs,
+        #: initializers, Constant-like outputs): the only ones whose `wants` are recorded.
+        self.tracked: set[str] = set(self.defined)
         self.producer: dict[str, NodeDecision] = {}
         self.wants: dict[str, set[int]] = {}
         self.decisions: list[NodeDecision] = []
         self.children: dict[int, list[_Scope]] = {}
         self.rename: dict[str, str] = {}
         self.cast_cache: dict[tuple[str, int], str] = {}
+        self.positions: list[int] = []  # sort keys of the graph's nodes while emit_scope runs
         self.quantized_inputs: set[str] = set()  # values read by QuantizeLinear
         self.has_qdq = False  # this scope or an enclosing one holds Q/DQ nodes
 
@@ -144,6 +150,24 @@ class _Scope:
     def renamed(self, name: str) -> str:
         scope = self.owner(name)
         return scope.rename.get(name, name) if scope else name
+
+
+class _Untyped(Exception):
+    """Schema typing cannot type a value for certain; onnx's inference must run."""
+
+
+#: The type key of an omitted optional input ("" in a node's inputs).
+_OMITTED = -2
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+#: Ops whose output type an attribute gives: part of their template key.
+_ATTRIBUTE_TYPED = frozenset(SOURCE_VALUE_ATTRIBUTES) | frozenset(_TO_ATTRIBUTE)
+
+
+def _attribute_type(node: NodeProto, op: str) -> int | None:
+    if op in SOURCE_VALUE_ATTRIBUTES:
+        return constant_type(node)
+    name = _TO_ATTRIBUTE[op]
+    return next((a.i for a in node.attribute if a.name == name), None) or None
 
 
 def _is_float(elem: int | None) -> bool:
@@ -200,47 +224,95 @@ class _Converter:
         return name
 
     # ---- sweep 1: decide ---------------------------------------------------------------
-    def decide_scope(self, scope: _Scope, types: ScopeTypes) -> None:
-        scope.quantized_inputs = {n.input[0] for n in scope.graph.node if n.op_type in QDQ_CONSUMERS and n.input}
-        scope.has_qdq = bool(scope.quantized_inputs) or (scope.parent is not None and scope.parent.has_qdq) or any(
-            n.op_type in QDQ_PRODUCERS for n in scope.graph.node)
-        used_names, defined, producer, storage = self.used_names, scope.defined, scope.producer, scope.storage
-        orig_type = scope.orig.get if scope.parent is None else scope.orig_type
-        for i, node in enumerate(scope.graph.node):
-            path = f"{scope.path}{i}"
-            children = []
-            for key, sub in subgraphs(node):
-                child_path = f"{path}/{key}/"
-                child = _Scope(sub, child_path, scope, types.get(child_path, {}))
-                self._collect_names(sub)
-                children.append(child)
-            if children:
-                scope.children[i] = children
-            decision = self._decide(node, path, scope, has_subgraph=bool(children))
+    def decide_scope(self, scope: _Scope, types: ScopeTypes | None) -> None:
+        """Decide every node of `scope` (and of the bodies it holds) in node order.
+
+        With `types=None` (the main graph of a model without control flow) values are typed
+        as the sweep goes, from the op schemas; a value that cannot be typed for certain that
+        way raises `_Untyped`, and the caller starts over with onnx's inference.
+        """
+        nodes = scope.graph.node
+        op_types = [n.op_type for n in nodes]  # one read of a field every node needs
+        present = set(op_types)
+        scope.quantized_inputs = {n.input[0] for n in nodes if n.op_type in QDQ_CONSUMERS and n.input} if present & QDQ_CONSUMERS else set()
+        scope.has_qdq = bool(scope.quantized_inputs) or (scope.parent is not None and scope.parent.has_qdq) or bool(present & QDQ_PRODUCERS)
+        used_names, defined, producer, storage, tracked = self.used_names, scope.defined, scope.producer, scope.storage, scope.tracked
+        orig, templates, prefix = scope.orig, self._templates, scope.path
+        orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
+        # Templates: nodes whose op, input types and type attribute repeat get the same output
+        # types and decision; most nodes of a large graph repeat a few dozen of them.
+        templated = not scope.has_qdq
+        user_keeps = self.user_keeps
+        for i, node in enumerate(nodes):
+            op = op_types[i]
+            domain = node.domain
+            ins, outs = list(node.input), list(node.output)
+            path = f"{prefix}{i}"
+            children: list[_Scope] = []
+            if op in _GRAPH_OPS or domain not in _DEFAULT_DOMAINS:
+                for key, sub in subgraphs(node):
+                    if types is None:
+                        raise _Untyped(f"{op} holds a graph")
+                    child_path = f"{path}/{key}/"
+                    child = _Scope(sub, child_path, scope, types.get(child_path, {}))
+                    self._collect_names(sub)
+                    children.append(child)
+                if children:
+                    scope.children[i] = children
+            key_types = tuple([orig_type(n) if n else _OMITTED for n in ins])
+            attr_type = _attribute_type(node, op) if op in _ATTRIBUTE_TYPED and domain in _DEFAULT_DOMAINS else None
+            key = (domain, op, key_types, attr_type, len(outs))
+            template = templates.get(key) if templated and not children else None
+            decision = None
+            if template is not None:
+                out_elems, kind, precision, input_types, output_types, reason, source, keepable = template
+                for name, elem in zip(outs, out_elems):
+                    if name:
+                        have = orig.get(name)
+                        if have is None:
+                            orig[name] = elem
+                        elif have != elem:  # a declared type the template does not give: decide alone
+                            break
+                else:
+                    if source:  # store_scope settles a source's precision on its own copy
+                        input_types, output_types = dict(input_types), dict(output_types)
+                    decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason,
+                                            source, keepable)
+                    if keepable and user_keeps:
+                        self._apply_user_keep(decision)
+            if decision is None:
+                decision = self._decide(node, path, scope, children, op, domain, ins, outs, key_types, attr_type,
+                                        key if templated and not children else None, types is None)
             scope.decisions.append(decision)
             for child in children:
                 self.decide_scope(child, types)
                 for out in child.graph.output:  # bodies hand back their original types
                     self._want(child, out.name, child.orig_type(out.name))
-            used_names.update(decision.outputs)
+            used_names.update(outs)
             used_names.add(node.name)
             output_types, input_types = decision.output_types, decision.input_types
-            for k, name in enumerate(decision.outputs):
-                if not name:
+            for k, name in enumerate(outs):
+                if name:
+                    defined.add(name)
+                    producer[name] = decision
+                    if k in output_types:
+                        storage[name] = output_types[k]
+            if decision.source and outs and outs[0]:
+                tracked.add(outs[0])
+            # Which types consumers read a value at matters only for values whose storage
+            # follows their consumers (initializers, sources; see store_scope).
+            for k, name in enumerate(ins):
+                if name in tracked:
+                    owner = scope
+                elif scope.parent is not None and name and name not in defined:
+                    owner = scope.owner(name)
+                    if owner is None or name not in owner.tracked:
+                        continue
+                else:
                     continue
-                defined.add(name)
-                producer[name] = decision
-                if k in output_types:
-                    storage[name] = output_types[k]
-            for k, name in enumerate(decision.inputs):
-                if not name:
-                    continue
-                # _want(scope, name, type input k must be read at), inlined: it runs per edge.
                 elem = input_types[k] if k in input_types else orig_type(name)
                 if elem is not None:
-                    owner = scope if name in defined else scope.owner(name)
-                    if owner is not None:
-                        owner.wants.setdefault(name, set()).add(elem)
+                    owner.wants.setdefault(name, set()).add(elem)
         if scope.parent is None:
             for out in scope.graph.output:
                 elem = out.type.tensor_type.elem_type if self.options.keep_io_types else None
@@ -265,48 +337,71 @@ class _Converter:
                 return f"user: --keep-f32-node {pattern.pattern}"
         return None
 
-    def _decide(self, node: NodeProto, path: str, scope: _Scope, *, has_subgraph: bool) -> NodeDecision:
-        op, domain = node.op_type, node.domain
-        ins, outs = list(node.input), list(node.output)
-        orig_type = scope.orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
-        in_types = [orig_type(n) if n else None for n in ins]
-        out_types: list[int | None] = [scope.orig.get(n) if n else None for n in outs]
-        # Nodes that depend on nothing but their op and value types share one decision: most
-        # nodes of a large graph repeat a few dozen such templates.
-        plain = not (has_subgraph or scope.has_qdq or self.user_keeps) and None not in out_types
-        if plain:
-            key = (domain, op, tuple(t if n else -1 for n, t in zip(ins, in_types)), tuple(out_types))
-            template = self._templates.get(key)
-            if template is not None:
-                kind, precision, input_types, output_types, reason = template
-                return NodeDecision(path, node, kind, op, domain, ins, outs, precision, dict(input_types), dict(output_types), reason)
-        d = self._decide_node(node, path, scope, has_subgraph, op, domain, ins, outs, in_types, out_types)
-        if plain and not d.source and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS:
-            self._templates[key] = (d.kind, d.precision, dict(d.input_types), dict(d.output_types), d.reason)
+    def _apply_user_keep(self, d: NodeDecision) -> None:
+        """Keep a node the policy would lower in its original types if the user said so: the
+        user's word comes before kernel, QDQ and schema reasons (rule 2b)."""
+        reason = self._user_keep(d.node, d.path)
+        if reason:
+            d.precision, d.reason = None, reason
+            d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
+            d.output_types = {}
+
+    def _decide(self, node: NodeProto, path: str, scope: _Scope, children: list[_Scope], op: str, domain: str,
+                ins: list[str], outs: list[str], key_types: tuple[int | None, ...], attr_type: int | None,
+                template_key: tuple[object, ...] | None, schema_typing: bool) -> NodeDecision:
+        """Type a node's outputs and decide it; store the result as a template when it depends
+        on nothing but the template key."""
+        in_types = [None if t == _OMITTED else t for t in key_types]
+        sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
+        # What the schema alone says of the outputs (as schema_types does): the attribute that
+        # types them, or the one type their variable's inputs have, or the one type it admits.
+        derived: list[int | None] = [None] * len(outs)
+        if attr_type is not None:
+            derived[0] = attr_type
+        elif sig is not None:
+            for g in sig.groups:
+                known = {in_types[k] for k in g.inputs if in_types[k] is not None}
+                elem = next(iter(known)) if len(known) == 1 else (
+                    tensor_elem_type(next(iter(g.allowed))) if not known and len(g.allowed) == 1 else None)
+                for k in g.outputs:
+                    derived[k] = elem
+        orig = scope.orig
+        out_types: list[int | None] = [None] * len(outs)
+        for k, name in enumerate(outs):
+            if not name:
+                continue
+            elem = orig.get(name)
+            if elem is None:
+                elem = derived[k]
+                if elem is None and sig is not None:
+                    # onnx's inference left it open (contrib ops): a group's known type.
+                    for g in sig.groups:
+                        if k in g.outputs:
+                            known = [in_types[j] for j in g.inputs if in_types[j] is not None]
+                            known += [out_types[j] for j in g.outputs if out_types[j] is not None]
+                            elem = known[0] if known else None
+                if elem is None and schema_typing:
+                    raise _Untyped(f"output {name!r} of {op}")
+                if elem is not None:
+                    orig[name] = elem
+            out_types[k] = elem
+        d = self._decide_node(node, path, scope, bool(children), op, domain, ins, outs, in_types, out_types, sig)
+        named = [k for k, name in enumerate(outs) if name]
+        if (template_key is not None and all(derived[k] is not None and derived[k] == out_types[k] for k in named)
+                and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS):
+            self._templates[template_key] = (tuple(derived), d.kind, d.precision, dict(d.input_types), dict(d.output_types),
+                                             d.reason, d.source, d.keepable)
+        if d.keepable and self.user_keeps:
+            self._apply_user_keep(d)
         return d
 
     def _decide_node(self, node: NodeProto, path: str, scope: _Scope, has_subgraph: bool, op: str, domain: str,
-                     ins: list[str], outs: list[str], in_types: list[int | None], out_types: list[int | None]) -> NodeDecision:
+                     ins: list[str], outs: list[str], in_types: list[int | None], out_types: list[int | None],
+                     sig: OpSignature | None) -> NodeDecision:
+        """The decision for one node whose values are typed; user keeps are applied by the caller."""
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
-        sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
-        # Type outputs that onnx's inference left open (contrib ops) from the schema groups.
-        if sig is not None and None in out_types:
-            for g in sig.groups:
-                known = [in_types[k] for k in g.inputs if in_types[k] is not None]
-                known += [out_types[k] for k in g.outputs if out_types[k] is not None]
-                single = next(iter(g.allowed)) if len(g.allowed) == 1 else None
-                elem = known[0] if known else tensor_elem_type(single)
-                for k in g.outputs:
-                    if out_types[k] is None and elem is not None and outs[k]:
-                        out_types[k] = elem
-                        scope.orig[outs[k]] = elem
-        attr_source = SOURCE_VALUE_ATTRIBUTES.get(op) if domain in ("", "ai.onnx") else None
-        if attr_source:
-            value_elem = constant_type(node)
-            if value_elem is not None and outs and outs[0]:
-                out_types[0] = out_types[0] or value_elem
-                scope.orig[outs[0]] = out_types[0]
+        if op in SOURCE_VALUE_ATTRIBUTES and domain in _DEFAULT_DOMAINS:
             d.source = True
             return d
         for k in ANY_FLOAT_INPUTS.get(op, ()):
@@ -326,10 +421,7 @@ class _Converter:
         target = self.kind_precision[kind]
         if target is Precision.F32:
             return d
-        user = self._user_keep(node, path) if self.user_keeps else None
-        if user:
-            d.reason = user
-            return d
+        d.keepable = True  # the policy wants it lower: from here on a user keep takes precedence
         gap = _kernel_gap(node) if (domain if domain != "ai.onnx" else "", op) in KERNEL_GAPS else None
         if gap:
             d.reason = f"kernel: {gap}"
@@ -421,8 +513,9 @@ class _Converter:
                 self.store_scope(child)
 
     # ---- sweep 3: emit -----------------------------------------------------------------
-    def resolve(self, scope: _Scope, name: str, want: int | None, out: list[NodeProto]) -> str:
-        """The name under which `name` is available at type `want` in `scope`."""
+    def resolve(self, scope: _Scope, name: str, want: int | None, position: int) -> str:
+        """The name under which `name` is available at type `want` in `scope`; a Cast it needs
+        is appended to the scope's graph with sort key `position` (see emit_scope)."""
         actual = scope.renamed(name)
         have = scope.storage_type(name)
         if want is None or have == want or not _is_float(have) or not _is_float(want):
@@ -437,17 +530,24 @@ class _Converter:
             inner_type = owner.storage_type(inner) if owner else None
             if inner_type == want and have == _F32:
                 # Cast(low -> f32) read back at low: the chain adds nothing (rule 7).
-                result = self.resolve(scope, inner, want, out)
+                result = self.resolve(scope, inner, want, position)
                 scope.cast_cache[key] = result
                 return result
         precision = precision_of_elem_type(want)
         assert precision is not None
         cast_out = self.fresh(f"{name}__{precision.value}")
-        out.append(_cast_node(actual, cast_out, self.fresh(f"{cast_out}__cast"), want))
-        self.casts_inserted += 1
+        self._add_cast(scope, actual, cast_out, self.fresh(f"{cast_out}__cast"), want, position)
         scope.cast_cache[key] = cast_out
         self._value_info(scope, cast_out, want)
         return cast_out
+
+    def _add_cast(self, scope: _Scope, src: str, dst: str, name: str, to: int, position: int) -> None:
+        """Append Cast(src) -> dst to the scope's graph; emit_scope sorts it into place."""
+        node = scope.graph.node.add()
+        node.CopyFrom(_cast_template(to))  # a copy is cheaper than building the node field by field
+        node.input[0], node.output[0], node.name = src, dst, name
+        scope.positions.append(position)
+        self.casts_inserted += 1
 
     def _value_info(self, scope: _Scope, name: str, elem: int) -> None:
         """Declare the type of a new value (its shape is left to inference)."""
@@ -456,13 +556,21 @@ class _Converter:
         vi.type.tensor_type.elem_type = elem
 
     def emit_scope(self, scope: _Scope) -> None:
+        """Rewire every node's inputs to the types it reads them at, inserting Casts.
+
+        Casts are appended to the graph as they are made, each with a sort key: node i has
+        3i+1, a Cast it reads 3i, a Cast back to a graph output it computes 3i+2. One stable
+        sort of the node list by these keys then puts them in place (upb sorts the pointers;
+        rebuilding the list would copy every node).
+        """
         graph = scope.graph
         is_main = scope.parent is None
+        count = len(scope.decisions)
+        scope.positions = list(range(1, 3 * count, 3))
         # Main-graph outputs computed low are renamed at their producer; the Cast back takes
-        # the original name (rule 10).
-        # Casts back to graph outputs go right after their producer: a consumer of the output
-        # may follow it.
-        after: dict[str, NodeProto] = {}
+        # the original name (rule 10) and goes right after the producer: a consumer of the
+        # output may follow it.
+        back: dict[str, tuple[str, int]] = {}
         if is_main:
             for out in graph.output:
                 want = out.type.tensor_type.elem_type if self.options.keep_io_types else None
@@ -472,16 +580,15 @@ class _Converter:
                     low_name = self.fresh(f"{out.name}__{precision.value if precision else 'low'}")
                     scope.rename[out.name] = low_name
                     scope.cast_cache[(out.name, want)] = out.name
-                    after[out.name] = _cast_node(low_name, out.name, self.fresh(f"{out.name}__cast"), want)
-                    self.casts_inserted += 1
+                    back[out.name] = (low_name, want)
                     self._value_info(scope, low_name, have or 0)
-        new_nodes: list[NodeProto] = []
-        defined = scope.defined
+        defined, rename = scope.defined, scope.rename
         orig_type = scope.orig.get if is_main else scope.orig_type
         for i, d in enumerate(scope.decisions):
             node = d.node
-            for child in scope.children.get(i, []):
-                self.emit_scope(child)
+            if scope.children:
+                for child in scope.children.get(i, ()):
+                    self.emit_scope(child)
             input_types = d.input_types
             for k, name in enumerate(d.inputs):
                 if not name:
@@ -489,39 +596,39 @@ class _Converter:
                 want = input_types[k] if k in input_types else orig_type(name)
                 owner = scope if name in defined else scope.owner(name)
                 if owner is not None and want is not None:  # resolve()'s early return, inlined per edge
-                    have = owner.storage.get(name, owner.orig.get(name))
+                    have = owner.storage.get(name)
+                    if have is None:
+                        have = owner.orig.get(name)
                     if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
-                        resolved = self.resolve(scope, name, want, new_nodes)  # needs a Cast (or a folded chain)
-                    else:
+                        resolved = self.resolve(scope, name, want, 3 * i)  # needs a Cast (or a folded chain)
+                    elif owner.rename:
                         resolved = owner.rename.get(name, name)
+                    else:
+                        continue
                 else:
                     resolved = owner.rename.get(name, name) if owner is not None else name
                 if resolved != name:
                     node.input[k] = resolved
-            originals = d.outputs
-            if scope.rename:
-                for k, name in enumerate(originals):
-                    if name in scope.rename:
-                        node.output[k] = scope.rename[name]
+            if rename:
+                for k, name in enumerate(d.outputs):
+                    if name in rename:
+                        node.output[k] = rename[name]
+                        if name in back:
+                            low_name, want = back[name]
+                            self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, 3 * i + 2)
             if d.precision is not None and (d.source or d.op in _ATTRIBUTE_RETYPED_OPS):
                 self._retype_attributes(d, scope)
-            new_nodes.append(node)
-            if after:
-                for name in originals:
-                    if name in after:
-                        new_nodes.append(after[name])
         if not is_main:
             for out in graph.output:  # body outputs keep their types; they may be renamed
                 want = scope.orig_type(out.name)
-                resolved = self.resolve(scope, out.name, want, new_nodes)
+                resolved = self.resolve(scope, out.name, want, 3 * count)
                 if resolved != out.name:
                     out.name = resolved
                     if not out.type.HasField("tensor_type") and want is not None:
                         out.type.tensor_type.elem_type = want
-        self._run_batches()  # before the node list is rebuilt: that copies the nodes, batched tensors included
-        count = len(graph.node)
-        graph.node.extend(new_nodes)
-        del graph.node[:count]
+        if len(scope.positions) > count:
+            keys = iter(scope.positions)
+            graph.node.sort(key=lambda _: next(keys))  # list.sort computes keys in list order
         self._retype_declarations(scope)
         self._convert_initializers(scope)
         self._run_batches()
@@ -646,10 +753,21 @@ class _Converter:
 
     # ---- driver ------------------------------------------------------------------------
     def run(self) -> None:
-        self._collect_names(self.model.graph)
-        types = model_types(self.model)
-        main = _Scope(self.model.graph, "", None, types.get("", {}))
-        self.decide_scope(main, types)
+        graph = self.model.graph
+        self._collect_names(graph)
+        names = set(self.used_names)
+        declared = _declared_types(graph)
+        main = _Scope(graph, "", None, declared or {})
+        try:
+            if declared is None:
+                raise _Untyped("a graph input or output is not a tensor")
+            self.decide_scope(main, None)  # typed from the schemas as it goes
+        except _Untyped as e:
+            logger.debug("schema typing gave up (%s); running onnx shape inference", e)
+            self.used_names = names
+            types = infer_types(self.model)
+            main = _Scope(graph, "", None, types.get("", {}))
+            self.decide_scope(main, types)
         self.store_scope(main)
         self.emit_scope(main)
         if self.casts_inserted:
@@ -689,10 +807,24 @@ class _Converter:
         report.unknown_ops = sorted(set(unknown))
 
 
-def _cast_node(src: str, dst: str, name: str, to: int) -> NodeProto:
-    """Cast(src) -> dst, built field by field (helper.make_node's attribute checks cost more
-    than the node; this runs once per inserted Cast)."""
-    node = NodeProto(op_type="Cast", name=name, input=[src], output=[dst])
+def _declared_types(graph: GraphProto) -> dict[str, int] | None:
+    """The element types a graph declares (initializers, inputs, value_info, outputs), or None
+    when it declares a sequence, optional or map (those need onnx's inference)."""
+    types = {init.name: init.data_type for init in graph.initializer}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        kind = vi.type.WhichOneof("value")
+        if kind == "tensor_type":
+            if vi.type.tensor_type.elem_type:
+                types[vi.name] = vi.type.tensor_type.elem_type
+        elif kind is not None:
+            return None
+    return types
+
+
+@functools.lru_cache(maxsize=None)
+def _cast_template(to: int) -> NodeProto:
+    """A Cast to `to` whose input, output and name are placeholders to overwrite."""
+    node = NodeProto(op_type="Cast", name="_", input=["_"], output=["_"])
     attr = node.attribute.add()
     attr.name, attr.type, attr.i = "to", onnx.AttributeProto.INT, to
     return node

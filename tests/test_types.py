@@ -3,19 +3,24 @@ answers, and gives up rather than guess."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 from pathlib import Path
 
 import onnx
 import onnx.backend.test
+import pytest
 from onnx import TensorProto, helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from fixtures.onnx_cases import collect_eligible
+from rlx_onnx_amp import ConversionReport, convert
 from rlx_onnx_amp.types import infer_types, model_types, schema_types
 
 LIGHT = sorted((Path(onnx.backend.test.__file__).parent / "data" / "light").glob("light_*.onnx"))
 
 
+@functools.lru_cache(maxsize=1)  # collecting the eligible node cases runs each once; read-only after
 def _models() -> dict[str, onnx.ModelProto]:
     models = {name: build().model for name, build in {**HEALTHY, **BROKEN_IN_F16}.items()}
     models.update((p.stem, onnx.load(str(p))) for p in LIGHT)
@@ -55,3 +60,27 @@ def test_schema_types_give_up_on_control_flow_and_untyped_outputs() -> None:
     assert schema_types(model) is None
     # model_types then falls back to onnx's inference, which reads the attribute.
     assert model_types(model)[""]["y"] == TensorProto.FLOAT16
+
+
+def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converter types the main graph from the schemas while it decides (one sweep); forced
+    onto onnx's inference instead, it must write the same model and the same report."""
+    converter = importlib.import_module("rlx_onnx_amp.convert")  # the module; the package exports a function of that name
+    models = _models()
+    inferred: list[str] = []
+    infer_types = converter.infer_types
+    monkeypatch.setattr(converter, "infer_types", lambda model: inferred.append(model.graph.name) or infer_types(model))
+    fast = {}
+    for name, model in models.items():
+        report = ConversionReport()
+        fast[name] = (convert(model, "always-f16", report=report).SerializeToString(), report.to_json())
+    fell_back = len(inferred)
+    monkeypatch.setattr(converter, "_declared_types", lambda graph: None)
+    differ = []
+    for name, model in models.items():
+        report = ConversionReport()
+        slow = (convert(model, "always-f16", report=report).SerializeToString(), report.to_json())
+        if slow != fast[name]:
+            differ.append(name)
+    assert differ == []
+    assert len(models) - fell_back > 1400 and fell_back, (len(models), fell_back)  # most typed as they go; some cannot be
