@@ -59,6 +59,11 @@ def make_options(
 
 def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False) -> ModelProto:
     """Load a model file; every failure is an InputError naming the file."""
+    return _load(path, load_external_data)[0]
+
+
+def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[ModelProto, list[onnx.TensorProto]]:
+    """The model and its tensors (initializers and tensor attributes, bodies included)."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file")
@@ -74,11 +79,13 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False
         raise InputError(f"{p}: not a valid ONNX model (no opset_import)")
     source = WeightSource(p.parent, str(p))
     sink = WeightSink()
-    for tensor in all_tensors(model):
-        source.check(tensor)
-        if load_external_data and is_external(tensor):
-            sink.copy_through(tensor, source)
-    return model
+    tensors = list(all_tensors(model))
+    for tensor in tensors:
+        if is_external(tensor):
+            source.check(tensor)
+            if load_external_data:
+                sink.copy_through(tensor, source)
+    return model, tensors
 
 
 def convert(
@@ -135,7 +142,7 @@ def convert_file(
     resolved = resolve_policy(policy, kind_map)
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
         raise InputError(f"{dst}: output is the input model; choose another path")
-    model = load_model(src)
+    model, tensors = _load(src, False)
     out_dir = dst.parent if str(dst.parent) else Path(".")
     if not out_dir.is_dir():
         raise InputError(f"{dst}: output directory {out_dir} does not exist")
@@ -143,7 +150,6 @@ def convert_file(
         raise InputError(f"{dst}: output directory {out_dir} is not writable")
     if dst.is_dir():
         raise InputError(f"{dst}: output path is a directory")
-    tensors = list(all_tensors(model))
     input_data_files = {(src.parent / loc).resolve() for loc in external_locations(tensors)}
     external = bool(input_data_files) or sum(tensor_nbytes(t) for t in tensors) > EXTERNAL_THRESHOLD
     data_file = data_name or (dst.name + ".data")

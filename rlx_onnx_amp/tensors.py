@@ -8,6 +8,7 @@ same bytes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable
@@ -238,10 +239,16 @@ def tensor_nbytes(tensor: TensorProto) -> int:
     n = 1
     for d in tensor.dims:
         n *= d
+    itemsize = _itemsize(tensor.data_type)
+    return n * itemsize if itemsize is not None else len(tensor.raw_data)
+
+
+@functools.lru_cache(maxsize=None)
+def _itemsize(data_type: int) -> int | None:
     try:
-        return n * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        return onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
     except (KeyError, TypeError):
-        return len(tensor.raw_data)
+        return None
 
 
 def set_array(tensor: TensorProto, array: np.ndarray, elem_type: int) -> None:

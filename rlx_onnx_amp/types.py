@@ -183,7 +183,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
             return None  # sequences, optionals, maps: onnx's inference knows them
     for node in graph.node:
         op, domain = node.op_type, node.domain
-        outs = list(node.output)
+        outs = node.output[:]
         default_domain = domain in ("", "ai.onnx")
         if default_domain and op in SOURCE_VALUE_ATTRIBUTES:
             elem = constant_type(node)
@@ -199,7 +199,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
             continue
         if subgraphs(node):
             return None  # control flow: bodies need onnx's inference
-        ins = list(node.input)
+        ins = node.input[:]
         key = (domain, op, tuple(types.get(n, 0) if n else -1 for n in ins), len(outs))
         elems = templates.get(key)
         if elems is None:
