@@ -243,6 +243,7 @@ class _Converter:
         # types and decision; most nodes of a large graph repeat a few dozen of them.
         templated = not scope.has_qdq
         user_keeps = self.user_keeps
+        nested = scope.parent is not None
         for i, node in enumerate(nodes):
             op = op_types[i]
             domain = node.domain
@@ -259,7 +260,7 @@ class _Converter:
                     children.append(child)
                 if children:
                     scope.children[i] = children
-            key_types = tuple([orig_type(n) if n else _OMITTED for n in ins])
+            key_types = tuple(map(orig_type, ins)) if "" not in ins else tuple([orig_type(n) if n else _OMITTED for n in ins])
             attr_type = _attribute_type(node, op) if op in _ATTRIBUTE_TYPED and domain in _DEFAULT_DOMAINS else None
             key = (domain, op, key_types, attr_type, len(outs))
             template = templates.get(key) if templated and not children else None
@@ -301,10 +302,12 @@ class _Converter:
                 tracked.add(outs[0])
             # Which types consumers read a value at matters only for values whose storage
             # follows their consumers (initializers, sources; see store_scope).
+            if not nested and tracked.isdisjoint(ins):
+                continue
             for k, name in enumerate(ins):
                 if name in tracked:
                     owner = scope
-                elif scope.parent is not None and name and name not in defined:
+                elif nested and name and name not in defined:
                     owner = scope.owner(name)
                     if owner is None or name not in owner.tracked:
                         continue
