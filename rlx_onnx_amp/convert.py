@@ -20,6 +20,13 @@ The pass runs in three sweeps over every graph scope (main graph and If/Loop/Sca
 
 Names of original values are kept on the values that carried them, so a verifier can compare
 any intermediate tensor by name.
+
+Cost: every sweep is linear in nodes and edges. The decide sweep also types the main graph's
+values from the op schemas as it goes (starting over with onnx's inference when a value cannot
+be typed that way: control flow, sequences, attribute-typed outputs), and nodes that repeat an
+(op, input types, type attribute) share one template for output types and decision. Casts are
+appended where they are made and sorted into place once; small weights and Constant values are
+narrowed together in one numpy pass (`tensors.NarrowBatch`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ _TENSOR_OPS = frozenset(
     (s.domain, s.name) for s in _SCHEMAS
     if any(a.type in (AttributeProto.TENSOR, AttributeProto.TENSORS) for a in s.attributes.values())
 )
+#: Op names that hold tensor or graph attributes in some onnx domain: the nodes whose domain
+#: and attributes must be read to find tensors and bodies.
+_ATTRIBUTE_HOLDER_NAMES = frozenset(op for _, op in _TENSOR_OPS) | _GRAPH_OPS
 
 #: Element types of the values of each graph scope, keyed by scope path.
 ScopeTypes = dict[str, dict[str, int]]
@@ -67,24 +70,40 @@ def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
 
 def all_graphs(graph: GraphProto) -> list[GraphProto]:
     """`graph` and every body nested in it, outer graphs first."""
-    found = [graph]
-    for node in graph.node:
-        for _, sub in subgraphs(node):
-            found.extend(all_graphs(sub))
-    return found
+    return [g for g, _ in _graphs_and_tensor_holders(graph)]
 
 
 def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
     """Every initializer and tensor attribute (Constant values) of a model, bodies included."""
-    for graph in all_graphs(model.graph):
+    for graph, holders in _graphs_and_tensor_holders(model.graph):
         yield from graph.initializer
-        for node in graph.node:
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            if domain in _SCHEMA_DOMAINS and (domain, node.op_type) not in _TENSOR_OPS:
-                continue
+        for node in holders:
             for attr in node.attribute:
                 if attr.type == AttributeProto.TENSOR:
                     yield attr.t
+
+
+def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list[onnx.NodeProto]]]:
+    """Each graph (outer first) with its nodes that may hold tensor attributes, in one read of
+    each node's op type (and domain where the op type alone cannot tell)."""
+    holders: list[onnx.NodeProto] = []
+    nested: list[GraphProto] = []
+    for node in graph.node:
+        op = node.op_type
+        if op in _ATTRIBUTE_HOLDER_NAMES:
+            holders.append(node)
+            if op in _GRAPH_OPS or node.domain not in _DEFAULT_DOMAINS:
+                nested.extend(sub for _, sub in subgraphs(node))
+            continue
+        domain = node.domain
+        if domain in _DEFAULT_DOMAINS or domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS:
+            continue  # an op of onnx's domains without tensor or graph attributes
+        holders.append(node)
+        nested.extend(sub for _, sub in subgraphs(node))
+    found = [(graph, holders)]
+    for sub in nested:
+        found.extend(_graphs_and_tensor_holders(sub))
+    return found
 
 
 def _structure_copy(model: ModelProto) -> ModelProto:
