@@ -638,7 +638,9 @@ class _Converter:
                         out.type.tensor_type.elem_type = want
         if len(scope.positions) > count:
             keys = iter(scope.positions)
-            graph.node.sort(key=lambda _: next(keys))  # list.sort computes keys in list order
+            graph.node.sort(key=lambda _: next(keys))  # list.sort computes each key once, in list order
+            if next(keys, None) is not None:
+                raise AssertionError("emit_scope: node sort keys out of step with the node list")
         self._retype_declarations(scope)
         self._convert_initializers(scope)
         self._run_batches()
