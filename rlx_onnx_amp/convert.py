@@ -39,6 +39,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
@@ -49,9 +50,9 @@ from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
-from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, OpKind, kind_of
+from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, DEFAULT_DOMAINS, OpKind, kind_of
 from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, ClampStats, NarrowBatch, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import _GRAPH_OPS, _TO_ATTRIBUTE, NON_TENSOR, ScopeTypes, constant_type, infer_types, subgraphs, tensor_elem_type
+from rlx_onnx_amp.types import GRAPH_OPS, NON_TENSOR, OUTPUT_TYPE_ATTRIBUTE, ScopeTypes, constant_type, infer_types, subgraphs, tensor_elem_type
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -159,21 +160,34 @@ class _Scope:
         return scope.rename.get(name, name) if scope else name
 
 
+class _Template(NamedTuple):
+    """What every node with the same (domain, op, input types, type attribute, output count)
+    gets: its output types and its decision. Shared, never mutated."""
+
+    output_types: tuple[int | None, ...]  # by output index, as the schema gives them
+    kind: OpKind | None
+    precision: Precision | None
+    input_types: dict[int, int | None]  # the decision's
+    lowered_outputs: dict[int, int]  # the decision's output_types
+    reason: str | None
+    source: bool
+    keepable: bool
+
+
 class _Untyped(Exception):
     """Schema typing cannot type a value for certain; onnx's inference must run."""
 
 
 #: The type key of an omitted optional input ("" in a node's inputs).
 _OMITTED = -2
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 #: Ops whose output type an attribute gives: part of their template key.
-_ATTRIBUTE_TYPED = frozenset(SOURCE_VALUE_ATTRIBUTES) | frozenset(_TO_ATTRIBUTE)
+_ATTRIBUTE_TYPED = frozenset(SOURCE_VALUE_ATTRIBUTES) | frozenset(OUTPUT_TYPE_ATTRIBUTE)
 
 
 def _attribute_type(node: NodeProto, op: str) -> int | None:
     if op in SOURCE_VALUE_ATTRIBUTES:
         return constant_type(node)
-    name = _TO_ATTRIBUTE[op]
+    name = OUTPUT_TYPE_ATTRIBUTE[op]
     return next((a.i for a in node.attribute if a.name == name), None) or None
 
 
@@ -208,7 +222,7 @@ class _Converter:
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self.used_names: set[str] = set()
         self._group_cache: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], str | None]] = {}
-        self._templates: dict[tuple[object, ...], tuple[OpKind | None, Precision | None, dict[int, int | None], dict[int, int], str | None]] = {}
+        self._templates: dict[tuple[object, ...], _Template] = {}
         self.casts_inserted = 0
         self.clamped: dict[str, ClampStats] = {}
         # Small float tensors are narrowed together at the end (one numpy pass per precision).
@@ -257,7 +271,7 @@ class _Converter:
             ins, outs = node.input[:], node.output[:]  # a slice copies to a list twice as fast as list()
             path = f"{prefix}{i}"
             children: list[_Scope] = []
-            if op in _GRAPH_OPS or domain not in _DEFAULT_DOMAINS:
+            if op in GRAPH_OPS or domain not in DEFAULT_DOMAINS:
                 for key, sub in subgraphs(node):
                     if types is None:
                         raise _Untyped(f"{op} holds a graph")
@@ -268,7 +282,7 @@ class _Converter:
                 if children:
                     scope.children[i] = children
             key_types = tuple(map(orig_type, ins)) if "" not in ins else tuple([orig_type(n) if n else _OMITTED for n in ins])
-            attr_type = _attribute_type(node, op) if op in _ATTRIBUTE_TYPED and domain in _DEFAULT_DOMAINS else None
+            attr_type = _attribute_type(node, op) if op in _ATTRIBUTE_TYPED and domain in DEFAULT_DOMAINS else None
             key = (domain, op, key_types, attr_type, len(outs))
             template = templates.get(key) if templated and not children else None
             decision = None
@@ -399,8 +413,8 @@ class _Converter:
         named = [k for k, name in enumerate(outs) if name]
         if (template_key is not None and all(derived[k] is not None and derived[k] == out_types[k] for k in named)
                 and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS):
-            self._templates[template_key] = (tuple(derived), d.kind, d.precision, dict(d.input_types), dict(d.output_types),
-                                             d.reason, d.source, d.keepable)
+            self._templates[template_key] = _Template(tuple(derived), d.kind, d.precision, dict(d.input_types),
+                                                      dict(d.output_types), d.reason, d.source, d.keepable)
         if d.keepable and self.user_keeps:
             self._apply_user_keep(d)
         return d
@@ -411,7 +425,7 @@ class _Converter:
         """The decision for one node whose values are typed; user keeps are applied by the caller."""
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
-        if op in SOURCE_VALUE_ATTRIBUTES and domain in _DEFAULT_DOMAINS:
+        if op in SOURCE_VALUE_ATTRIBUTES and domain in DEFAULT_DOMAINS:
             d.source = True
             return d
         for k in ANY_FLOAT_INPUTS.get(op, ()):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-__all__ = ["ANY_FLOAT_INPUTS", "ATTRIBUTE_TYPED_VARS", "FIXED_TYPE_OPS", "KERNEL_GAPS", "TYPED_TENSOR_ATTRIBUTES", "QDQ_CONSUMERS", "QDQ_PRODUCERS", "OP_KINDS", "OpKind", "SOURCE_VALUE_ATTRIBUTES", "TYPE_ATTRIBUTES", "kind_of"]
+__all__ = ["ANY_FLOAT_INPUTS", "ATTRIBUTE_TYPED_VARS", "DEFAULT_DOMAINS", "FIXED_TYPE_OPS", "KERNEL_GAPS", "TYPED_TENSOR_ATTRIBUTES", "QDQ_CONSUMERS", "QDQ_PRODUCERS", "OP_KINDS", "OpKind", "SOURCE_VALUE_ATTRIBUTES", "TYPE_ATTRIBUTES", "kind_of"]
 
 
 class OpKind(str, enum.Enum):
@@ -24,7 +24,8 @@ class OpKind(str, enum.Enum):
 
 
 # Domains that are aliases of the default ONNX domain.
-_DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+#: The names of onnx's default domain.
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 
 OP_KINDS: Mapping[tuple[str, str], OpKind] = {
     ('', 'Abs'): OpKind.ELEMENTWISE,
@@ -444,7 +445,7 @@ TYPE_ATTRIBUTES: Mapping[str, str] = {
 
 def kind_of(domain: str, op_type: str) -> OpKind | None:
     """The kind of an op, or None when the taxonomy does not know it."""
-    if domain in _DEFAULT_DOMAINS:
+    if domain in DEFAULT_DOMAINS:
         domain = ""
     return OP_KINDS.get((domain, op_type))
 

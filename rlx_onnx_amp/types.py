@@ -20,9 +20,9 @@ import onnx
 import onnx.shape_inference
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 
-__all__ = ["NON_TENSOR", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "infer_types", "model_types", "schema_types", "subgraphs", "tensor_elem_type"]
+__all__ = ["GRAPH_OPS", "NON_TENSOR", "OUTPUT_TYPE_ATTRIBUTE", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "infer_types", "model_types", "schema_types", "subgraphs", "tensor_elem_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,9 @@ _KEEP_DATA_ELEMENTS = 1 << 16
 #: The "element type" recorded for sequence, optional and map values: never retyped.
 NON_TENSOR = -1
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _SCHEMAS = onnx.defs.get_all_schemas_with_history()
 #: The ops of the default domain that have graph attributes.
-_GRAPH_OPS = frozenset(
+GRAPH_OPS = frozenset(
     s.name for s in _SCHEMAS
     if s.domain == "" and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in s.attributes.values())
 )
@@ -49,7 +48,7 @@ _TENSOR_OPS = frozenset(
 )
 #: Op names that hold tensor or graph attributes in some onnx domain: the nodes whose domain
 #: and attributes must be read to find tensors and bodies.
-_ATTRIBUTE_HOLDER_NAMES = frozenset(op for _, op in _TENSOR_OPS) | _GRAPH_OPS
+_ATTRIBUTE_HOLDER_NAMES = frozenset(op for _, op in _TENSOR_OPS) | GRAPH_OPS
 
 #: Element types of the values of each graph scope, keyed by scope path.
 ScopeTypes = dict[str, dict[str, int]]
@@ -58,7 +57,7 @@ ScopeTypes = dict[str, dict[str, int]]
 def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
     """The graphs held in a node's attributes, with a stable key for each."""
     found: list[tuple[str, GraphProto]] = []
-    if (node.op_type not in _GRAPH_OPS and node.domain in _DEFAULT_DOMAINS) or not node.attribute:
+    if (node.op_type not in GRAPH_OPS and node.domain in DEFAULT_DOMAINS) or not node.attribute:
         return found  # of the default domain's ops, only these hold graphs: skip reading attributes
     for attr in node.attribute:
         if attr.type == AttributeProto.GRAPH:
@@ -92,11 +91,11 @@ def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list
         op = node.op_type
         if op in _ATTRIBUTE_HOLDER_NAMES:
             holders.append(node)
-            if op in _GRAPH_OPS or node.domain not in _DEFAULT_DOMAINS:
+            if op in GRAPH_OPS or node.domain not in DEFAULT_DOMAINS:
                 nested.extend(sub for _, sub in subgraphs(node))
             continue
         domain = node.domain
-        if domain in _DEFAULT_DOMAINS or domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS:
+        if domain in DEFAULT_DOMAINS or domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS:
             continue  # an op of onnx's domains without tensor or graph attributes
         holders.append(node)
         nested.extend(sub for _, sub in subgraphs(node))
@@ -160,7 +159,7 @@ _TYPE_NAMES = {TensorProto.DataType.Name(v).lower(): v for v in TensorProto.Data
 _TYPE_NAMES.update(float=TensorProto.FLOAT, double=TensorProto.DOUBLE, float16=TensorProto.FLOAT16,
                    bfloat16=TensorProto.BFLOAT16)
 #: Ops whose output type is the value of an attribute (a TensorProto.DataType).
-_TO_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
+OUTPUT_TYPE_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
 
 
 def tensor_elem_type(type_str: str | None) -> int | None:
@@ -210,8 +209,8 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
                 return None
             types[outs[0]] = elem
             continue
-        if default_domain and op in _TO_ATTRIBUTE:
-            to = next((a.i for a in node.attribute if a.name == _TO_ATTRIBUTE[op]), 0)
+        if default_domain and op in OUTPUT_TYPE_ATTRIBUTE:
+            to = next((a.i for a in node.attribute if a.name == OUTPUT_TYPE_ATTRIBUTE[op]), 0)
             if not to:
                 return None
             types[outs[0]] = to
