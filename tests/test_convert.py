@@ -253,3 +253,61 @@ def test_external_data_streaming_matches_in_memory(chunk: int, tmp_path: Path, m
 def test_precision_table_has_onnx_types() -> None:
     assert Precision.F16.elem_type == TensorProto.FLOAT16
     assert Precision.BF16.elem_type == TensorProto.BFLOAT16
+
+
+def _repeated_chain(n: int = 6) -> onnx.ModelProto:
+    """x -> (Add b, Relu) * n -> y: every Add and every Relu repeats one template."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    nodes, inits, prev = [], [], "x"
+    for k in range(n):
+        inits.append(numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), f"b{k}"))
+        nodes.append(helper.make_node("Add", [prev, f"b{k}"], [f"a{k}"], name=f"add{k}"))
+        nodes.append(helper.make_node("Relu", [f"a{k}"], [f"r{k}"], name=f"relu{k}"))
+        prev = f"r{k}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_user_keeps_apply_to_nodes_that_share_a_template() -> None:
+    model = _repeated_chain()
+    report = ConversionReport()
+    converted = convert(model, "always-f16", report=report, keep_f32_nodes=["^add3$"], keep_f32_ops=["Relu"],
+                        keep_f32_paths={"4": "repair: kept"})
+    kept = {k.node: k.reason for k in report.kept_f32}
+    assert kept == {"add3": "user: --keep-f32-node ^add3$", "add2": "repair: kept",
+                    **{f"relu{k}": "user: --keep-f32-op Relu" for k in range(6)}}
+    precisions = {n: report.decisions[str(i)] for i, n in enumerate(f"{op}{k}" for k in range(6) for op in ("add", "relu"))}
+    assert [precisions[f"add{k}"] for k in range(6)] == ["f16", "f16", "f32", "f32", "f16", "f16"]
+    adds = {n.name: n for n in converted.graph.node if n.op_type == "Add"}
+    casts = {n.output[0]: n.attribute[0].i for n in converted.graph.node if n.op_type == "Cast"}
+    assert casts.get(adds["add1"].input[0]) == TensorProto.FLOAT16 and adds["add3"].input[0] == "r2"  # f16 Adds read via Casts
+    onnx.checker.check_model(converted, full_check=True)
+    feeds = {"x": np.linspace(-2, 2, 4, dtype=np.float32)}
+    assert_close(run(model, feeds), run(converted, feeds), 2e-2, 2e-2)
+
+
+def test_schema_typing_starts_over_with_inference_when_a_late_value_cannot_be_typed(caplog: pytest.LogCaptureFixture) -> None:
+    """RandomNormalLike's output type is its `dtype` attribute, which schema typing does not
+    read: met after other nodes, the converter must start over with onnx's inference."""
+    from onnx import helper
+
+    model = _repeated_chain(3)
+    tail = helper.make_node("RandomNormalLike", ["r2"], ["noise"], dtype=TensorProto.FLOAT, name="noise")
+    mix = helper.make_node("Mul", ["r2", "noise"], ["z"], name="mix")
+    model.graph.node.extend([tail, mix])
+    del model.graph.output[:]
+    model.graph.output.extend([helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
+    report = ConversionReport()
+    with caplog.at_level("DEBUG", logger="rlx_onnx_amp.convert"):
+        converted = convert(model, "always-f16", report=report)
+    assert any("schema typing gave up (output 'noise' of RandomNormalLike)" in r.message for r in caplog.records)
+    onnx.checker.check_model(converted, full_check=True)
+    noise = next(n for n in converted.graph.node if n.name == "noise")
+    assert [a.i for a in noise.attribute if a.name == "dtype"] == [TensorProto.FLOAT16]  # lowered with its node (rule 9)
+    assert report.decisions == {str(i): "f16" for i in range(len(model.graph.node))}
+    assert converted.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    out = run(converted, {"x": np.ones(4, np.float32)})[0]
+    assert out.dtype == np.float32 and out.shape == (4,)
