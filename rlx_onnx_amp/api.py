@@ -189,6 +189,9 @@ def convert_file(
             Path(tmp_model).write_bytes(model.SerializeToString())
         except (OSError, ValueError) as e:
             raise InputError(f"{dst}: cannot write output ({e})") from None
+        # The checker parses the written file again: free this copy of the graph first, so
+        # the two are never in memory together (a tensor reference keeps the whole model alive).
+        del model, tensors
         if external:
             final_data = dst.parent / data_file
             os.replace(tmp_files[1], final_data)
