@@ -173,3 +173,52 @@ def test_missing_and_short_external_data(tmp_path: Path) -> None:
     _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="too short for tensor")
     data.unlink()
     _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="external data file 'mlp.onnx.data'")
+
+
+def _rlx_on_terminal(*args: str) -> tuple[int, str, str]:
+    """Run the CLI with stderr on a pseudo-terminal (stdout piped): (exit code, stdout, terminal text)."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "rlx_onnx_amp.cli", *args], stdout=subprocess.PIPE,
+                            stderr=follower, stdin=subprocess.DEVNULL, text=True)
+    os.close(follower)
+    chunks: list[bytes] = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 120)
+        if not ready:
+            proc.kill()
+            raise AssertionError("the CLI wrote nothing to its terminal for 120 s")
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the follower side closed: the process is done
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    stdout, _ = proc.communicate(timeout=120)
+    return proc.returncode, stdout, b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """Issue 4: a progress bar on long work when stderr is a terminal; none under --quiet or
+    when stderr is piped. The bar starts at 64 MiB of weights, so the model has 68 MiB."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((4352, 4096)).astype(np.float32)  # 68 MiB
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4352, 4096])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4352, 4096])],
+                              [numpy_helper.from_array(weight, "w")])
+    src = tmp_path / "big.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src),
+              save_as_external_data=True, location="big.onnx.data")
+    code, _, terminal = _rlx_on_terminal(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"))
+    assert code == 0 and "converting big.onnx" in terminal and "100%" in terminal, terminal
+    code, _, terminal = _rlx_on_terminal(str(src), "--policy", "always-f16", "-o", str(tmp_path / "quiet.onnx"), "-q")
+    assert code == 0 and terminal == ""
+    piped = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "piped.onnx"))
+    assert piped.returncode == 0 and "converting" not in piped.stderr and "%" not in piped.stderr
