@@ -203,8 +203,9 @@ def _rlx_on_terminal(*args: str) -> tuple[int, str, str]:
 
 
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
-    """Issue 4: a progress bar on long work when stderr is a terminal; none under --quiet or
-    when stderr is piped. The bar starts at 64 MiB of weights, so the model has 68 MiB."""
+    """Issue 4: a progress bar on long work (converting, verifying) when stderr is a terminal;
+    none under --quiet or when stderr is piped. The conversion bar starts at 64 MiB of weights,
+    so the model has 68 MiB."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -222,3 +223,10 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert code == 0 and terminal == ""
     piped = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "piped.onnx"))
     assert piped.returncode == 0 and "converting" not in piped.stderr and "%" not in piped.stderr
+    # Verifying: a bar per stage long enough to watch (here 4 input sets run through both models).
+    small = tmp_path / "demo16.onnx"
+    assert rlx(str(DEMO), "--policy", "always-f16", "-o", str(small), "-q").returncode == 0
+    code, stdout, terminal = _rlx_on_terminal("verify", str(DEMO), str(small), "--samples", "4")
+    assert code == 0 and "PASS" in stdout and "verifying" in terminal and "running" in terminal and "100%" in terminal, terminal
+    code, _, terminal = _rlx_on_terminal("verify", str(DEMO), str(small), "--samples", "4", "-q")
+    assert code == 0 and terminal == ""

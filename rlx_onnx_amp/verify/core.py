@@ -286,13 +286,15 @@ def _run_all(ref: _Session, cand: _Session, samples: list[dict[str, np.ndarray]]
     names = ref.output_names
     collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
     for k, feeds in enumerate(samples):
-        if progress is not None:
-            progress("running", k, len(samples))
+        if progress is not None and k == 0:
+            progress("running", 0, len(samples))
         r = ref.run(feeds)
         c = cand.run(_round_feeds(feeds, low) if low else feeds, names)
         for n in names:
             collected[n][0].append(np.asarray(r[n]))
             collected[n][1].append(np.asarray(c[n]))
+        if progress is not None:
+            progress("running", k + 1, len(samples))  # after the set ran, so the bar ends at 100%
     return {n: (_stack(a), _stack(b)) for n, (a, b) in collected.items()}
 
 
