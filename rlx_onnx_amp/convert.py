@@ -52,7 +52,7 @@ from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, DEFAULT_DOMAINS, OpKind, kind_of
 from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, ClampStats, NarrowBatch, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import GRAPH_OPS, NON_TENSOR, OUTPUT_TYPE_ATTRIBUTE, ScopeTypes, constant_type, infer_types, subgraphs, tensor_elem_type
+from rlx_onnx_amp.types import GRAPH_OPS, NON_TENSOR, OUTPUT_TYPE_ATTRIBUTE, ScopeTypes, constant_type, infer_types, schema_output_types, subgraphs
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -378,17 +378,12 @@ class _Converter:
         in_types = [None if t == _OMITTED else t for t in key_types]
         sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
         # What the schema alone says of the outputs (as schema_types does): the attribute that
-        # types them, or the one type their variable's inputs have, or the one type it admits.
+        # types them, or what their type variables give.
         derived: list[int | None] = [None] * len(outs)
         if attr_type is not None:
             derived[0] = attr_type
         elif sig is not None:
-            for g in sig.groups:
-                known = {in_types[k] for k in g.inputs if in_types[k] is not None}
-                elem = next(iter(known)) if len(known) == 1 else (
-                    tensor_elem_type(next(iter(g.allowed))) if not known and len(g.allowed) == 1 else None)
-                for k in g.outputs:
-                    derived[k] = elem
+            derived = schema_output_types(sig, in_types, len(outs))
         orig = scope.orig
         out_types: list[int | None] = [None] * len(outs)
         for k, name in enumerate(outs):

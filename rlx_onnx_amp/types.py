@@ -14,7 +14,8 @@ Two ways, the first tried first:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx.shape_inference
@@ -22,7 +23,10 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 
-__all__ = ["GRAPH_OPS", "NON_TENSOR", "OUTPUT_TYPE_ATTRIBUTE", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "infer_types", "model_types", "schema_types", "subgraphs", "tensor_elem_type"]
+if TYPE_CHECKING:
+    from rlx_onnx_amp.schema import OpSignature
+
+__all__ = ["GRAPH_OPS", "NON_TENSOR", "OUTPUT_TYPE_ATTRIBUTE", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "infer_types", "model_types", "schema_output_types", "schema_types", "subgraphs", "tensor_elem_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +187,23 @@ def constant_type(node: onnx.NodeProto) -> int | None:
     return TensorProto.FLOAT if node.op_type == "ConstantOfShape" else None
 
 
+def schema_output_types(sig: OpSignature, in_types: Sequence[int | None], n_outputs: int) -> list[int | None]:
+    """The output types the schema alone gives a node: per type variable, the one type its
+    inputs have, or the one type the variable admits; None where neither says."""
+    elems: list[int | None] = [None] * n_outputs
+    for g in sig.groups:
+        known = {in_types[k] for k in g.inputs if in_types[k] is not None}
+        if len(known) == 1:
+            (elem,) = known
+        elif not known and len(g.allowed) == 1:
+            elem = tensor_elem_type(next(iter(g.allowed)))
+        else:
+            elem = None
+        for k in g.outputs:
+            elems[k] = elem
+    return elems
+
+
 def schema_types(model: ModelProto) -> ScopeTypes | None:
     """Element types of the main graph's values from op schemas alone, or None when a value
     cannot be typed that way for certain (then `infer_types` must run)."""
@@ -224,17 +245,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
             sig = signature("" if default_domain else domain, op, opsets.get("" if default_domain else domain, 1), len(ins), len(outs))
             if sig is None:
                 return None
-            elems = [None] * len(outs)
-            for g in sig.groups:
-                known = {types[ins[k]] for k in g.inputs if ins[k] and ins[k] in types}
-                if len(known) == 1:
-                    (elem,) = known
-                elif not known and len(g.allowed) == 1:
-                    elem = tensor_elem_type(next(iter(g.allowed)))
-                else:
-                    elem = None
-                for k in g.outputs:
-                    elems[k] = elem
+            elems = schema_output_types(sig, [types.get(n) if n else None for n in ins], len(outs))
             templates[key] = elems  # the same op on the same input types types its outputs alike
         for name, elem in zip(outs, elems):
             if not name:
