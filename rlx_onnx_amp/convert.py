@@ -52,7 +52,7 @@ from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, DEFAULT_DOMAINS, OpKind, kind_of
 from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, ClampStats, NarrowBatch, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import GRAPH_OPS, NON_TENSOR, OUTPUT_TYPE_ATTRIBUTE, ScopeTypes, constant_type, infer_types, schema_output_types, subgraphs
+from rlx_onnx_amp.types import GRAPH_OPS, NON_TENSOR, OUTPUT_TYPE_ATTRIBUTE, ScopeTypes, constant_type, declared_types, infer_types, schema_output_types, subgraphs
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -777,7 +777,7 @@ class _Converter:
         graph = self.model.graph
         self._collect_names(graph)
         names = set(self.used_names)
-        declared = _declared_types(graph)
+        declared = declared_types(graph)
         main = _Scope(graph, "", None, declared or {})
         try:
             if declared is None:
@@ -834,20 +834,6 @@ class _Converter:
         report.casts_inserted = self.casts_inserted
         report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
         report.unknown_ops = sorted(set(unknown))
-
-
-def _declared_types(graph: GraphProto) -> dict[str, int] | None:
-    """The element types a graph declares (initializers, inputs, value_info, outputs), or None
-    when it declares a sequence, optional or map (those need onnx's inference)."""
-    types = {init.name: init.data_type for init in graph.initializer}
-    for vi in (*graph.input, *graph.value_info, *graph.output):
-        kind = vi.type.WhichOneof("value")
-        if kind == "tensor_type":
-            if vi.type.tensor_type.elem_type:
-                types[vi.name] = vi.type.tensor_type.elem_type
-        elif kind is not None:
-            return None
-    return types
 
 
 @functools.lru_cache(maxsize=None)

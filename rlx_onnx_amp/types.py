@@ -26,7 +26,7 @@ from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 if TYPE_CHECKING:
     from rlx_onnx_amp.schema import OpSignature
 
-__all__ = ["GRAPH_OPS", "NON_TENSOR", "OUTPUT_TYPE_ATTRIBUTE", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "infer_types", "model_types", "schema_output_types", "schema_types", "subgraphs", "tensor_elem_type"]
+__all__ = ["GRAPH_OPS", "NON_TENSOR", "OUTPUT_TYPE_ATTRIBUTE", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "declared_types", "infer_types", "model_types", "schema_output_types", "schema_types", "subgraphs", "tensor_elem_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +204,20 @@ def schema_output_types(sig: OpSignature, in_types: Sequence[int | None], n_outp
     return elems
 
 
+def declared_types(graph: GraphProto) -> dict[str, int] | None:
+    """The element types a graph declares (initializers, inputs, value_info, outputs), or None
+    when it declares a sequence, optional or map (those need onnx's inference)."""
+    types = {init.name: init.data_type for init in graph.initializer}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        kind = vi.type.WhichOneof("value")
+        if kind == "tensor_type":
+            if vi.type.tensor_type.elem_type:
+                types[vi.name] = vi.type.tensor_type.elem_type
+        elif kind is not None:
+            return None
+    return types
+
+
 def schema_types(model: ModelProto) -> ScopeTypes | None:
     """Element types of the main graph's values from op schemas alone, or None when a value
     cannot be typed that way for certain (then `infer_types` must run)."""
@@ -212,14 +226,11 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
     graph = model.graph
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     opsets.setdefault("", opsets.get("ai.onnx", 1))
-    types: dict[str, int] = {init.name: init.data_type for init in graph.initializer}
+    declared = declared_types(graph)
+    if declared is None:
+        return None  # sequences, optionals, maps: onnx's inference knows them
+    types: dict[str, int] = declared
     templates: dict[tuple[object, ...], list[int | None]] = {}
-    for vi in (*graph.input, *graph.value_info, *graph.output):
-        kind = vi.type.WhichOneof("value")
-        if kind == "tensor_type" and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
-        elif kind is not None and kind != "tensor_type":
-            return None  # sequences, optionals, maps: onnx's inference knows them
     for node in graph.node:
         op, domain = node.op_type, node.domain
         outs = node.output[:]

@@ -75,7 +75,7 @@ def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.
         report = ConversionReport()
         fast[name] = (convert(model, "always-f16", report=report).SerializeToString(), report.to_json())
     fell_back = len(inferred)
-    monkeypatch.setattr(converter, "_declared_types", lambda graph: None)
+    monkeypatch.setattr(converter, "declared_types", lambda graph: None)
     differ = []
     for name, model in models.items():
         report = ConversionReport()
