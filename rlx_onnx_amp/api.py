@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import stat
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -14,15 +15,16 @@ from onnx import ModelProto
 
 from rlx_onnx_amp.convert import ConvertOptions, convert_model
 from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writable, content_data_name
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import OpKind
-from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, tensor_nbytes
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes
 from rlx_onnx_amp.types import all_tensors
 
-__all__ = ["convert", "convert_file", "load_model", "make_options", "resolve_policy"]
+__all__ = ["StagedModel", "convert", "plan_model_reads", "convert_file", "load_model", "make_options", "resolve_policy", "stage_conversion"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +65,17 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False
 
 
 def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[ModelProto, list[onnx.TensorProto]]:
-    """The model and its tensors (initializers and tensor attributes, bodies included)."""
+    """The model and its tensors (initializers and tensor attributes, bodies included), every
+    tensor's data checked against its type and dims, external data inside the model's directory."""
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if not p.is_file():
-        raise InputError(f"{p}: not a file")
+    try:
+        info = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{str(p)[:200]}: cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{p}: not a regular file")
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
@@ -85,7 +92,21 @@ def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[Model
             source.check(tensor)
             if load_external_data:
                 sink.copy_through(tensor, source)
+        else:
+            check_inline_data(tensor, str(p))
     return model, tensors
+
+
+def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -> None:
+    """Add a model file and the external data files it reads to a run's plan."""
+    paths.read(path, role)
+    if not os.path.isfile(path):
+        return  # loading it later says what is wrong
+    model, tensors = _load(path, False)
+    source = WeightSource(Path(path).parent, str(path))
+    for tensor in tensors:
+        if is_external(tensor):
+            paths.read(source.external_path(tensor), f"{role}'s external data")
 
 
 def convert(
@@ -134,92 +155,118 @@ def convert_file(
 ) -> ConversionReport:
     """Convert a model file to `output_path`, streaming weights stored as external data.
 
-    The output appears only when it is complete and passes the checker: it is written to
-    temporary files beside `output_path` and renamed into place. `progress(done, total)` is
-    called with weight bytes as tensors are written.
+    The output appears only when it is complete and passes the checker, and replaces an
+    earlier file at `output_path` (with its data file) in one step; see `rlx_onnx_amp.files`.
+    `progress(done, total)` is called with weight bytes as tensors are written.
+    """
+    paths = RunPaths()
+    with OutputSet() as outputs:
+        staged = stage_conversion(input_path, output_path, outputs, paths, policy, kind_map=kind_map, options=options,
+                                  data_name=data_name, check=check, report=report, progress=progress)
+        outputs.commit()
+    return staged.report
+
+
+@dataclass
+class StagedModel:
+    """A converted model written to its staging directory, not yet in place."""
+
+    path: Path  # where it can be read now (its data file beside it)
+    final: Path  # where `OutputSet.commit` puts it
+    report: ConversionReport
+
+
+def stage_conversion(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    outputs: OutputSet,
+    paths: RunPaths,
+    policy: Policy | str = "auto-mixed",
+    *,
+    kind_map: Mapping[OpKind, Precision] | None = None,
+    options: ConvertOptions | None = None,
+    data_name: str | None = None,
+    check: bool = True,
+    report: ConversionReport | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> StagedModel:
+    """Convert a model file into `outputs`' staging area; `commit` puts it at `output_path`.
+
+    The input model and its data files join `paths` as reads, the output and its data file as
+    writes, and `paths.check()` runs before the conversion starts.
     """
     src, dst = Path(input_path), Path(output_path)
     resolved = resolve_policy(policy, kind_map)
-    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
-        raise InputError(f"{dst}: output is the input model; choose another path")
+    if data_name is not None:
+        check_data_name(data_name)
+    paths.read(src, "input model")
+    paths.write(dst, "output model")
+    if data_name is not None:
+        paths.write(dst.parent / data_name, "output data file")
+    check_writable(dst, "output model")
     model, tensors = _load(src, False)
-    out_dir = dst.parent if str(dst.parent) else Path(".")
-    if not out_dir.is_dir():
-        raise InputError(f"{dst}: output directory {out_dir} does not exist")
-    if not os.access(out_dir, os.W_OK):
-        raise InputError(f"{dst}: output directory {out_dir} is not writable")
-    if dst.is_dir():
-        raise InputError(f"{dst}: output path is a directory")
-    input_data_files = {(src.parent / loc).resolve() for loc in external_locations(tensors)}
-    external = bool(input_data_files) or sum(tensor_nbytes(t) for t in tensors) > EXTERNAL_THRESHOLD
-    data_file = data_name or (dst.name + ".data")
-    if external and (dst.parent / data_file).resolve() in input_data_files:
-        raise InputError(f"{dst}: output data file {data_file} would overwrite the input's external data")
+    source = WeightSource(src.parent, str(src))
+    for tensor in tensors:
+        if is_external(tensor):
+            paths.read(source.external_path(tensor), "input model's external data")
+    paths.check()
+    outputs.protect(paths.protected())
+    external = any(is_external(t) for t in tensors) or sum(tensor_nbytes(t) for t in tensors) > EXTERNAL_THRESHOLD
     report = report if report is not None else ConversionReport()
     report.model, report.output = str(src), str(dst)
-    tmp_files: list[Path] = []
+    staged_model = outputs.stage(dst, OutputSet.MODEL)
+    stage = staged_model.parent
+    sink: WeightSink = ExternalSink(stage / ".data.partial", data_name or ".data.partial") if external else WeightSink()
+    total, done = sum(tensor_nbytes(t) for t in model.graph.initializer), 0
+
+    def step(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
     try:
-        fd, tmp_model = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=out_dir)
-        os.close(fd)
-        tmp_files.append(Path(tmp_model))
-        sink: WeightSink
-        if external:
-            fd, tmp_data = tempfile.mkstemp(prefix=f".{data_file}.", suffix=".tmp", dir=out_dir)
-            os.close(fd)
-            tmp_files.append(Path(tmp_data))
-            sink = ExternalSink(Path(tmp_data), data_file)
-        else:
-            sink = WeightSink()
-        total, done = sum(tensor_nbytes(t) for t in model.graph.initializer), 0
-
-        def step(nbytes: int) -> None:
-            nonlocal done
-            done += nbytes
-            if progress is not None:
-                progress(done, total)
-
         try:
-            convert_model(model, resolved, options or ConvertOptions(), source=WeightSource(src.parent, str(src)), sink=sink,
-                          report=report, progress=step)
+            convert_model(model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report, progress=step)
         finally:
             sink.close()
+        data_names: list[str] = []
+        if isinstance(sink, ExternalSink) and sink.bytes_written:
+            name = data_name or content_data_name(dst.name, sink.digest())
+            sink.relocate(name)
+            os.replace(sink.path, outputs.stage(dst.parent / name, OutputSet.DATA))
+            data_names.append(name)
+        elif isinstance(sink, ExternalSink):
+            sink.path.unlink()
+        # Tensors already point at the data file: serialize directly (onnx.save would walk
+        # every tensor again looking for external data to write).
         try:
-            # Tensors already point at the sink's data file: serialize directly (onnx.save
-            # would walk every tensor again looking for external data to write).
-            Path(tmp_model).write_bytes(model.SerializeToString())
-        except (OSError, ValueError) as e:
+            serialized = model.SerializeToString()
+        except ValueError as e:
             raise InputError(f"{dst}: cannot write output ({e})") from None
+        with open(staged_model, "wb") as f:
+            f.write(serialized)
+            f.flush()
+            os.fsync(f.fileno())
         # The checker parses the written file again: free this copy of the graph first, so
         # the two are never in memory together (a tensor reference keeps the whole model alive).
-        del model, tensors
-        if external:
-            final_data = dst.parent / data_file
-            os.replace(tmp_files[1], final_data)
-            tmp_files.pop()
-            if check:
-                _check(tmp_model, src, dst, final_data)
-        elif check:
-            _check(tmp_model, src, dst, None)
-        os.replace(tmp_model, dst)
-        tmp_files.clear()
+        del model, tensors, serialized, sink
+        if check:
+            _check(staged_model, src, dst)
     except OSError as e:
         raise InputError(f"{dst}: cannot write output ({e.strerror or e})") from None
-    finally:
-        for f in tmp_files:
-            f.unlink(missing_ok=True)
-    logger.info("wrote %s", dst)
-    return report
+    outputs.model_uses(dst, data_names)
+    logger.info("converted %s (staged as %s)", dst, staged_model)
+    return StagedModel(staged_model, dst, report)
 
 
 _CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
 
 
-def _check(tmp_model: str, src: Path, dst: Path, data_file: Path | None) -> None:
+def _check(staged: Path, src: Path, dst: Path) -> None:
     try:
-        onnx.checker.check_model(tmp_model, full_check=True)
+        onnx.checker.check_model(str(staged), full_check=True)
     except _CHECK_ERRORS as e:
-        if data_file is not None:
-            data_file.unlink(missing_ok=True)
         try:
             onnx.checker.check_model(str(src), full_check=True)
         except _CHECK_ERRORS as input_error:

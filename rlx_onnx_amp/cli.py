@@ -1,16 +1,24 @@
 """The `rlx-amp` command line: parsing, files and output on top of the library.
 
 `rlx-amp MODEL ... -o OUT` is the `convert` command; `inspect` and `verify` are subcommands.
-User errors print one line on stderr and exit 2 (3 when a model cannot be run); a drift over
-tolerance exits 1 after writing its reports.
+
+Exit codes: 0 success; 1 drift over tolerance (models and reports are written); 2 bad usage or
+input and 3 a model onnxruntime cannot run (one line on stderr, nothing written); 70 an internal
+error, a bug (its traceback, then one line); 130 and 143 interrupted by SIGINT or SIGTERM
+(nothing written, no scratch left). Every path a run writes is planned and checked against the
+paths it reads before work starts, and all outputs are committed together at the end
+(`rlx_onnx_amp.files`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,16 +26,23 @@ from typing import Any
 import click
 
 from rlx_onnx_amp import render
-from rlx_onnx_amp.api import convert_file, load_model, make_options
+from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion
 from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
-from rlx_onnx_amp.verify import InputSpec, VerifyOptions, VerifyReport, verify
+from rlx_onnx_amp.verify import InputSpec, VerifyOptions, VerifyReport, resolve_provider, verify
 from rlx_onnx_amp.verify.inputs import parse_range, parse_shape
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
+EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the run is so that every cleanup (staged outputs, scratch) runs."""
 
 
 class _DefaultGroup(click.Group):
@@ -44,14 +59,46 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
     sys.exit(code)
 
 
-def _run_guarded(fn: Callable[[], int]) -> None:
+def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
+    """Run a command: user errors become one line and their exit code; anything else is a bug
+    (traceback, exit 70) unless an input model fails onnx.checker, which is bad input."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = fn()
     except AmpError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        _fail("interrupted; nothing written", EXIT_SIGINT)
+    except Terminated:
+        _fail("terminated; nothing written", EXIT_SIGTERM)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: classify, never exit 1
+        invalid = _invalid_input(inputs)
+        if invalid is not None:
+            _fail(invalid)
+        traceback.print_exc()
+        _fail(f"internal error ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); this is a bug in rlx-amp, "
+              "please report it with the model", EXIT_INTERNAL)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _invalid_input(models: Sequence[str]) -> str | None:
+    """One line naming the first input model that fails onnx.checker (full check), if any."""
+    import onnx
+
+    for model in models:
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except Exception as e:  # noqa: BLE001 - the checker raises several types
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            return f"{model}: not a valid ONNX model (onnx.checker: {first}); nothing written"
+    return None
 
 
 def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
@@ -80,15 +127,20 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _per_output(option: str, values: Sequence[str]) -> dict[str, float]:
-    """`0.01` or `NAME:0.01` (repeatable) -> {"": default, NAME: value}."""
+def _per_output(option: str, values: Sequence[str], low: float = 0.0, high: float = math.inf) -> dict[str, float]:
+    """`0.01` or `NAME:0.01` (repeatable) -> {"": default, NAME: value}; each a finite number
+    in [low, high]."""
     result: dict[str, float] = {}
     for text in values:
         name, _, number = text.rpartition(":")
         try:
-            result[name] = float(number)
+            value = float(number)
         except ValueError:
             raise InputError(f"{option}: expected a number or NAME:number, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            bounds = f"at least {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+            raise InputError(f"{option}: expected a finite number {bounds}, got {text!r}")
+        result[name] = value
     return result
 
 
@@ -120,16 +172,34 @@ def _make_verify_options(provider: str, emulate: bool | None, inputs_path: str |
                          rtol: Sequence[str], min_cosine: Sequence[str], localize: bool) -> VerifyOptions:
     if samples < 1:
         raise InputError("--samples must be at least 1")
+    if not 0 <= seed < 2**63:
+        raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
     spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
-    return VerifyOptions(provider, emulate, inputs_path, spec, _per_output("--atol", atol), _per_output("--rtol", rtol),
-                         _per_output("--min-cosine", min_cosine), localize, save_inputs=save_inputs)
+    options = VerifyOptions(provider, emulate, inputs_path, spec, _per_output("--atol", atol), _per_output("--rtol", rtol),
+                            _per_output("--min-cosine", min_cosine, -1.0, 1.0), localize, save_inputs=save_inputs)
+    resolve_provider(provider)  # an unavailable provider is exit 2 before any work
+    if inputs_path is not None and not os.path.exists(inputs_path):
+        raise InputError(f"--inputs: {inputs_path}: no such file or directory")
+    return options
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    try:
-        Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
-    except OSError as e:
-        raise InputError(f"{path}: cannot write report ({e.strerror})") from None
+def _json_text(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def _plan_reports(paths: RunPaths, report_json: str | None, report_md: str | None,
+                  verify_options: VerifyOptions | None, map_file: str | None = None) -> None:
+    """Add the run's other files to its plan: reports and saved inputs written, map and input files read."""
+    for path, role in ((report_json, "--report-json file"), (report_md, "--report-md file")):
+        if path:
+            paths.write(path, role)
+    if verify_options is not None:
+        if verify_options.save_inputs:
+            paths.write(verify_options.save_inputs, "--save-inputs file")
+        if verify_options.inputs:
+            paths.read(verify_options.inputs, "--inputs file")
+    if map_file:
+        paths.read(map_file, "--map-file")
 
 
 def _setup_logging(verbose: int) -> None:
@@ -179,48 +249,59 @@ def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_fi
         verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
-        outputs = _output_paths(models, output, out_dir)
+        targets = _output_paths(models, output, out_dir)
+        paths = RunPaths()
+        for src, dst in zip(models, targets):
+            paths.read(src, "input model")
+            paths.write(dst, "output model")
+        _plan_reports(paths, report_json, report_md, verify_options, map_file)
+        paths.check()
+        one_data_name = data_name if len(models) == 1 else None
         reports: list[ConversionReport] = []
         verified: list[tuple[ConversionReport, VerifyReport]] = []
-        for src, dst in zip(models, outputs):
-            if do_repair:
-                assert verify_options is not None
-                report, result, repaired = repair_file(
-                    src, dst, resolved, options=options, verify_options=verify_options, budget=repair_budget,
-                    data_name=data_name if len(models) == 1 else None,
-                    progress=None if quiet else (lambda line: click.echo(f"repair: {line}", err=True)))
+        with OutputSet(paths.protected()) as outputs:
+            for src, dst in zip(models, targets):
+                if do_repair:
+                    assert verify_options is not None
+                    report, result, repaired = repair_file(
+                        src, dst, resolved, options=options, verify_options=verify_options, budget=repair_budget,
+                        data_name=one_data_name, outputs=outputs, paths=paths,
+                        progress=None if quiet else (lambda line: click.echo(f"repair: {line}", err=True)))
+                    reports.append(report)
+                    verified.append((report, result))
+                    if not quiet:
+                        click.echo(render.conversion_table(report))
+                        click.echo(render.repair_summary(repaired))
+                        click.echo(render.verify_table(result))
+                    continue
+                with _Progress(f"converting {Path(src).name}", enabled=not quiet) as progress:
+                    staged = stage_conversion(src, dst, outputs, paths, resolved, options=options, data_name=one_data_name,
+                                              progress=progress)
+                report = staged.report
                 reports.append(report)
-                verified.append((report, result))
                 if not quiet:
                     click.echo(render.conversion_table(report))
-                    click.echo(render.repair_summary(repaired))
-                    click.echo(render.verify_table(result))
-                continue
-            with _Progress(f"converting {Path(src).name}", enabled=not quiet) as progress:
-                report = convert_file(src, dst, resolved, options=options, data_name=data_name if len(models) == 1 else None,
-                                      progress=progress)
-            reports.append(report)
-            if not quiet:
-                click.echo(render.conversion_table(report))
-            if verify_options is not None:
-                _status(f"verifying {dst} against {src} ...", enabled=not quiet)
-                with _StagedProgress(enabled=not quiet) as progress:
-                    result = verify(src, dst, verify_options, progress=progress)
-                report.verify = result.to_json()
-                verified.append((report, result))
-                if not quiet:
-                    click.echo(render.verify_table(result))
-        payload = reports[0].to_json() if len(reports) == 1 else {"models": [r.to_json() for r in reports]}
-        if report_json:
-            _write_json(report_json, payload)
-        if report_md:
-            _write_text(report_md, render.verify_markdown(verified) if verified else render.conversion_markdown(reports))
+                if verify_options is not None:
+                    _status(f"verifying {dst} against {src} ...", enabled=not quiet)
+                    with _StagedProgress(enabled=not quiet) as verify_progress:
+                        result = verify(src, staged.path, verify_options, progress=verify_progress, candidate_label=str(dst),
+                                        outputs=outputs)
+                    report.verify = result.to_json()
+                    verified.append((report, result))
+                    if not quiet:
+                        click.echo(render.verify_table(result))
+            payload = reports[0].to_json() if len(reports) == 1 else {"models": [r.to_json() for r in reports]}
+            if report_json:
+                outputs.write_text(report_json, _json_text(payload))
+            if report_md:
+                outputs.write_text(report_md, render.verify_markdown(verified) if verified else render.conversion_markdown(reports))
+            outputs.commit()
         if len(verified) > 1 and not quiet:
             failed = [v.candidate for _, v in verified if not v.passed]
             click.echo(f"{len(verified) - len(failed)} of {len(verified)} models passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
         return EXIT_DRIFT if any(not v.passed for _, v in verified) else EXIT_OK
 
-    _run_guarded(run)
+    _run_guarded(run, models)
 
 
 def _status(line: str, enabled: bool) -> None:
@@ -281,13 +362,6 @@ class _StagedProgress:
             self.bar = None
 
 
-def _write_text(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as e:
-        raise InputError(f"{path}: cannot write report ({e.strerror})") from None
-
-
 def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None) -> list[str]:
     if output and out_dir:
         raise InputError("give -o/--output or --out-dir, not both")
@@ -297,7 +371,7 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
     elif not output and not out_dir:
         raise InputError("missing -o/--output OUT")
     if out_dir:
-        if not Path(out_dir).is_dir():
+        if not os.path.isdir(out_dir):
             raise InputError(f"{out_dir}: output directory does not exist")
         names = [Path(m).name for m in models]
         if len(set(names)) != len(names):
@@ -321,18 +395,26 @@ def verify_cmd(reference: str, candidate: str, report_json: str | None, report_m
     _setup_logging(verbose)
 
     def run() -> int:
-        _status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
-        with _StagedProgress(enabled=not quiet) as progress:
-            result = verify(reference, candidate, _make_verify_options(**verify_kwargs), progress=progress)
-        if not quiet:
-            click.echo(render.verify_table(result))
-        if report_json:
-            _write_json(report_json, {"verify": result.to_json()})
-        if report_md:
-            _write_text(report_md, render.verify_markdown([(None, result)]))
+        verify_options = _make_verify_options(**verify_kwargs)
+        paths = RunPaths()
+        plan_model_reads(paths, reference, "reference model")
+        plan_model_reads(paths, candidate, "candidate model")
+        _plan_reports(paths, report_json, report_md, verify_options)
+        paths.check()
+        with OutputSet(paths.protected()) as outputs:
+            _status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
+            with _StagedProgress(enabled=not quiet) as progress:
+                result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+            if not quiet:
+                click.echo(render.verify_table(result))
+            if report_json:
+                outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
+            if report_md:
+                outputs.write_text(report_md, render.verify_markdown([(None, result)]))
+            outputs.commit()
         return EXIT_OK if result.passed else EXIT_DRIFT
 
-    _run_guarded(run)
+    _run_guarded(run, (reference, candidate))
 
 
 @main.command("inspect")
@@ -352,7 +434,7 @@ def inspect_cmd(model: str, policy: str, map_text: str | None, map_file: str | N
         click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
         return EXIT_OK
 
-    _run_guarded(run)
+    _run_guarded(run, (model,))
 
 
 if __name__ == "__main__":  # pragma: no cover

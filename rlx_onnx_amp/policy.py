@@ -80,9 +80,11 @@ def parse_kind_map(text: str) -> dict[OpKind, Precision]:
 def load_kind_map_file(path: Path) -> dict[OpKind, Precision]:
     """Read a kind map from a JSON or TOML file with the same keys as `--map`."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PolicyError(f"{path}: cannot read map file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not a valid map file (not UTF-8 text)") from None
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as e:

@@ -20,6 +20,7 @@ seen is written either way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -30,9 +31,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.api import convert, convert_file, load_model, resolve_policy
+from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
 from rlx_onnx_amp.convert import ConvertOptions
 from rlx_onnx_amp.errors import ModelRunError
+from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.report import ConversionReport
@@ -94,7 +96,7 @@ def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_di
     types = model_types(model)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
-    session = _Session(str(tmp.materialize(expose_outputs(model, names), base_dir, "screen.onnx")), provider, "reference")
+    session = tmp.session(expose_outputs(model, names), base_dir, provider, "reference")
     values = session.run(feeds, names)
     producer = {o: str(i) for i, n in enumerate(model.graph.node) for o in n.output}
     consumers: dict[str, list[tuple[int, int]]] = {}
@@ -156,14 +158,14 @@ class _Evaluator:
         session = None
         if not emulated:
             try:
-                session = _Session(str(self.tmp.materialize(candidate, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
+                session = self.tmp.session(candidate, self.ref_path.parent, self.provider, "candidate")
             except ModelRunError as e:  # as in verify: a candidate the provider cannot load is emulated
                 logger.info("%s: emulating", emulation_fallback(e, self.verify_options.emulate, self.provider, precision))
                 emulated = True
         compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if emulated else candidate
         feed_low = low if emulated else {}
         if session is None:
-            session = _Session(str(self.tmp.materialize(compared, self.ref_path.parent, "repair.onnx")), self.provider, "candidate")
+            session = self.tmp.session(compared, self.ref_path.parent, self.provider, "candidate")
         drifts, score = [], 0.0
         runs = [session.run(_round_feeds(f, feed_low) if feed_low else f, self.output_names) for f in self.samples]
         for name in self.output_names:
@@ -204,12 +206,33 @@ def repair_file(
     budget: int = DEFAULT_BUDGET,
     data_name: str | None = None,
     progress: Callable[[str], None] | None = None,
+    outputs: OutputSet | None = None,
+    paths: RunPaths | None = None,
 ) -> tuple[ConversionReport, VerifyReport, RepairResult]:
-    """Convert, verify, and keep nodes in f32 until the drift passes or the budget runs out."""
+    """Convert, verify, and keep nodes in f32 until the drift passes or the budget runs out.
+
+    With `outputs` the model (and `--save-inputs`) are staged there for the caller to commit;
+    otherwise they are written when the repair ends."""
     src, dst = Path(input_path), Path(output_path)
     resolved = resolve_policy(policy)
     options = options or ConvertOptions()
     verify_options = verify_options or VerifyOptions()
+    paths = paths if paths is not None else RunPaths()
+    paths.read(src, "input model")
+    paths.write(dst, "output model")
+    paths.check()
+    with contextlib.ExitStack() as stack:
+        own = outputs is None
+        staging = stack.enter_context(OutputSet()) if outputs is None else outputs
+        result = _repair(src, dst, resolved, options, verify_options, budget, data_name, progress, staging, paths)
+        if own:
+            staging.commit()
+    return result
+
+
+def _repair(src: Path, dst: Path, resolved: Policy, options: ConvertOptions, verify_options: VerifyOptions, budget: int,
+            data_name: str | None, progress: Callable[[str], None] | None, outputs: OutputSet,
+            paths: RunPaths) -> tuple[ConversionReport, VerifyReport, RepairResult]:
     with Scratch("rlx-amp-repair-") as tmp:
         ev = _Evaluator(src, resolved, options, verify_options, tmp)
         keep: dict[str, str] = {}
@@ -246,8 +269,9 @@ def repair_file(
                 passed, score, report, keep = _bisect(step, keep, remaining, budget - ev.evaluations)
             best = min(best, (score, dict(keep)), key=lambda b: b[0])
         final_keep = keep if passed else best[1]
-        conversion = convert_file(src, dst, resolved, data_name=data_name, options=_with_kept(options, final_keep))
-    verified = verify(src, dst, verify_options)
+        staged = stage_conversion(src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, final_keep))
+        conversion = staged.report
+    verified = verify(src, staged.path, verify_options, candidate_label=str(dst), outputs=outputs)
     result = RepairResult(verified.passed, ev.evaluations, history=history)
     by_path = {k.path: k for k in conversion.kept_f32}
     for path, reason in final_keep.items():

@@ -9,6 +9,7 @@ same bytes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from collections.abc import Iterable
@@ -22,9 +23,11 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.files import external_data_path
 from rlx_onnx_amp.precision import Precision
 
-__all__ = ["ClampStats", "ExternalSink", "NarrowBatch", "SMALL_TENSOR_ELEMENTS", "WeightSink", "WeightSource", "external_locations", "narrow", "tensor_nbytes"]
+__all__ = ["ClampStats", "ExternalSink", "NarrowBatch", "SMALL_TENSOR_ELEMENTS", "WeightSink", "WeightSource", "check_inline_data",
+           "external_locations", "narrow", "tensor_nbytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,53 +188,135 @@ def external_locations(tensors: Iterable[TensorProto]) -> set[str]:
 
 
 class WeightSource:
-    """Reads tensors of one model, inline or from external data files beside it."""
+    """Reads tensors of one model, inline or from external data files in its directory.
+
+    External data is read only from inside the model's directory (`files.external_data_path`),
+    and each tensor's offset and length are checked against its file before any read.
+    """
 
     def __init__(self, base_dir: str | os.PathLike[str] | None, model_name: str = "model") -> None:
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.model_name = model_name
+        self._paths: dict[str, tuple[Path, int]] = {}  # location -> (checked path, size)
+
+    def _file(self, tensor: TensorProto) -> tuple[Path, int]:
+        location = _external_info(tensor).get("location", "")
+        if location not in self._paths:
+            if self.base_dir is None:
+                raise InputError(f"{self.model_name}: tensor {tensor.name!r} has external data but no base directory was given")
+            path = external_data_path(self.base_dir, location, tensor.name, self.model_name)
+            self._paths[location] = (path, path.stat().st_size)
+        return self._paths[location]
 
     def external_path(self, tensor: TensorProto) -> Path:
+        return self._file(tensor)[0]
+
+    def span(self, tensor: TensorProto) -> tuple[Path, int, int]:
+        """(file, offset, length) of an external tensor, checked against the file."""
+        path, size = self._file(tensor)
         info = _external_info(tensor)
-        if self.base_dir is None:
-            raise InputError(f"{self.model_name}: tensor {tensor.name!r} has external data but no base directory was given")
-        return self.base_dir / info["location"]
+        where = f"{self.model_name}: tensor {tensor.name!r}: external data {info.get('location')!r}"
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise InputError(f"{where}: offset and length must be integers") from None
+        expected = stored_nbytes(tensor)
+        if length is None:
+            if expected is None:
+                raise InputError(f"{where}: no length given for a tensor whose size its type does not tell")
+            length = expected
+        if offset < 0 or length < 0:
+            raise InputError(f"{where}: negative offset or length")
+        if expected is not None and length != expected:
+            raise InputError(f"{where}: length {length} does not match the tensor's dims {list(tensor.dims)} ({expected} bytes)")
+        if offset + length > size:
+            raise InputError(f"{where} is too short for the tensor (needs bytes {offset}..{offset + length}, file has {size})")
+        return path, offset, length
 
     def check(self, tensor: TensorProto) -> None:
-        """Raise InputError when a tensor's external data is missing or short."""
-        if not is_external(tensor):
-            return
-        info = _external_info(tensor)
-        path = self.external_path(tensor)
-        if not path.is_file():
-            raise InputError(f"{self.model_name}: external data file {info['location']!r} for tensor {tensor.name!r} not found")
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
-        if offset + length > path.stat().st_size:
-            raise InputError(
-                f"{self.model_name}: external data file {info['location']!r} is too short for tensor "
-                f"{tensor.name!r} (needs bytes {offset}..{offset + length}, file has {path.stat().st_size})"
-            )
+        """Raise InputError when a tensor's external data is outside the model's directory,
+        missing or short."""
+        if is_external(tensor):
+            self.span(tensor)
 
     def read(self, tensor: TensorProto) -> np.ndarray:
         if not is_external(tensor):
             if tensor.data_type == TensorProto.FLOAT and tensor.raw_data:  # the common case, 4x faster than to_array
                 return np.frombuffer(tensor.raw_data, dtype=np.float32).reshape(tuple(tensor.dims))
             return numpy_helper.to_array(tensor)
-        self.check(tensor)
-        info = _external_info(tensor)
+        path, offset, _ = self.span(tensor)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
         count = int(np.prod(tensor.dims, dtype=np.int64))
-        array = np.fromfile(self.external_path(tensor), dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+        array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
         return array.reshape(tuple(tensor.dims))
 
     def read_bytes(self, tensor: TensorProto) -> bytes:
-        self.check(tensor)
-        info = _external_info(tensor)
-        length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
-        with open(self.external_path(tensor), "rb") as f:
-            f.seek(int(info.get("offset", 0)))
+        path, offset, length = self.span(tensor)
+        with open(path, "rb") as f:
+            f.seek(offset)
             return f.read(length)
+
+
+#: Bits per element of the packed sub-byte types.
+_PACKED_BITS = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
+for _name in ("INT2", "UINT2"):
+    if hasattr(TensorProto, _name):
+        _PACKED_BITS[getattr(TensorProto, _name)] = 2
+#: Types whose storage size is not simply elements x item size (or that numpy lacks).
+_UNSIZED = {TensorProto.STRING, TensorProto.UNDEFINED} | {getattr(TensorProto, n) for n in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)}
+
+
+def _element_count(tensor: TensorProto) -> int:
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    return n
+
+
+def stored_nbytes(tensor: TensorProto) -> int | None:
+    """Bytes a tensor's raw data must have for its type and dims; None when the type does not tell."""
+    if tensor.data_type in _UNSIZED:
+        return None
+    n = _element_count(tensor)
+    bits = _PACKED_BITS.get(tensor.data_type)
+    if bits is not None:
+        return (n * bits + 7) // 8
+    itemsize = _itemsize(tensor.data_type)
+    return None if itemsize is None else n * itemsize
+
+
+# The repeated field that holds an inline tensor's values when it has no raw data, and how many
+# values per element it holds there (complex: 2; packed 4-bit: 1/2, as (count + 1) // 2).
+_TYPED_FIELD = {
+    TensorProto.FLOAT: ("float_data", 1), TensorProto.COMPLEX64: ("float_data", 2),
+    TensorProto.DOUBLE: ("double_data", 1), TensorProto.COMPLEX128: ("double_data", 2),
+    TensorProto.INT64: ("int64_data", 1), TensorProto.UINT32: ("uint64_data", 1), TensorProto.UINT64: ("uint64_data", 1),
+    TensorProto.STRING: ("string_data", 1),
+    **{t: ("int32_data", 1) for t in (
+        TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8, TensorProto.UINT16, TensorProto.BOOL,
+        TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
+        TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ)},
+}
+
+
+def check_inline_data(tensor: TensorProto, model_name: str) -> None:
+    """Raise InputError when an inline tensor's data does not match its type and dims."""
+    if any(d < 0 for d in tensor.dims):
+        raise InputError(f"{model_name}: tensor {tensor.name!r} has negative dims {list(tensor.dims)}")
+    if tensor.HasField("raw_data") or tensor.raw_data:
+        expected = stored_nbytes(tensor)
+        if expected is not None and len(tensor.raw_data) != expected:
+            raise InputError(f"{model_name}: tensor {tensor.name!r} holds {len(tensor.raw_data)} bytes of data, its type and dims "
+                             f"{list(tensor.dims)} need {expected}")
+        return
+    if tensor.data_type not in _TYPED_FIELD:  # packed and exotic types: onnx's own checks decide
+        return
+    field_name, per = _TYPED_FIELD[tensor.data_type]
+    count = _element_count(tensor) * per
+    have = len(getattr(tensor, field_name))
+    if have != count:
+        raise InputError(f"{model_name}: tensor {tensor.name!r} holds {have} values, its dims {list(tensor.dims)} need {count}")
 
 
 def tensor_nbytes(tensor: TensorProto) -> int:
@@ -291,7 +376,11 @@ class WeightSink:
 
 
 class ExternalSink(WeightSink):
-    """Appends tensors of at least `threshold` bytes to one external data file."""
+    """Appends tensors of at least `threshold` bytes to one external data file.
+
+    It hashes what it writes (`digest`), so the file can be named after its content, and
+    remembers the tensors it pointed at the file, so `relocate` can rename it in them.
+    """
 
     def __init__(self, path: Path, location: str, threshold: int = 1024) -> None:
         self.path = path
@@ -299,11 +388,32 @@ class ExternalSink(WeightSink):
         self.threshold = threshold
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._offset = 0
+        self._hash = hashlib.sha256()
+        self._pointed: list[TensorProto] = []
+
+    @property
+    def bytes_written(self) -> int:
+        return self._offset
+
+    def digest(self) -> str:
+        return self._hash.hexdigest()
+
+    def relocate(self, location: str) -> None:
+        """Point every tensor stored so far at `location` instead."""
+        self.location = location
+        for tensor in self._pointed:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+        self._hash.update(data)
 
     def _align(self) -> None:
         pad = (-self._offset) % _ALIGN
         if pad:
-            self._file.write(b"\0" * pad)
+            self._write(b"\0" * pad)
             self._offset += pad
 
     def _point(self, tensor: TensorProto, offset: int, length: int) -> None:
@@ -314,28 +424,27 @@ class ExternalSink(WeightSink):
         for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(length))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
+        self._pointed.append(tensor)
 
     def _append(self, tensor: TensorProto, data: bytes | memoryview) -> None:
         self._align()
-        self._file.write(data)
+        self._write(data)
         self._point(tensor, self._offset, len(data))
         self._offset += len(data)
 
     def _copy_external(self, tensor: TensorProto, source: WeightSource) -> None:
         """Copy an external tensor's bytes in chunks (integer tensors pass through unchanged)."""
-        source.check(tensor)
-        info = _external_info(tensor)
-        length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
+        path, offset, length = source.span(tensor)
         self._align()
         start = self._offset
-        with open(source.external_path(tensor), "rb") as f:
-            f.seek(int(info.get("offset", 0)))
+        with open(path, "rb") as f:
+            f.seek(offset)
             remaining = length
             while remaining:
                 block = f.read(min(remaining, CHUNK_ELEMENTS * 4))
                 if not block:
                     raise InputError(f"{source.model_name}: external data for tensor {tensor.name!r} ends early")
-                self._file.write(block)
+                self._write(block)
                 remaining -= len(block)
         self._offset += length
         self._point(tensor, start, length)
@@ -355,9 +464,7 @@ class ExternalSink(WeightSink):
         count = int(np.prod(tensor.dims, dtype=np.int64))
         if not is_external(tensor) or count <= CHUNK_ELEMENTS:
             return super().store_narrowed(tensor, source, precision)
-        source.check(tensor)
-        path = source.external_path(tensor)
-        base = int(_external_info(tensor).get("offset", 0))
+        path, base, _ = source.span(tensor)
         src_dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
         stats, written = ClampStats(), 0
         self._align()
@@ -377,7 +484,7 @@ class ExternalSink(WeightSink):
                     pending = reader.submit(read, first + CHUNK_ELEMENTS)
                 low, chunk_stats = narrow(chunk, precision)
                 stats.add(chunk_stats)
-                self._file.write(memoryview(low.view(np.uint8)))
+                self._write(memoryview(low.view(np.uint8)))
                 written += low.nbytes
         self._offset += written
         self._point(tensor, start, written)
@@ -391,4 +498,7 @@ class ExternalSink(WeightSink):
             self._append(tensor, tensor.raw_data)
 
     def close(self) -> None:
-        self._file.close()
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()

@@ -105,3 +105,23 @@ def elem_types(model: onnx.ModelProto) -> dict[str, int]:
         for t in g.initializer:
             types[t.name] = t.data_type
     return types
+
+
+def data_file(model_path) -> "Path":
+    """The one external data file a written model reads: `OUT.<sha256 prefix>.data` beside it,
+    named after its content (rlx_onnx_amp.files)."""
+    import re
+    from pathlib import Path
+
+    model_path = Path(model_path)
+    meta = onnx.load(str(model_path), load_external_data=False)
+    locations = {e.value for g in all_graphs(meta.graph) for t in g.initializer if t.data_location == TensorProto.EXTERNAL
+                 for e in t.external_data if e.key == "location"}
+    assert len(locations) == 1, locations
+    (location,) = locations
+    assert re.fullmatch(re.escape(model_path.name) + r"\.[0-9a-f]{16}\.data", location), location
+    path = model_path.parent / location
+    assert path.is_file(), path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert location.endswith(f".{digest[:16]}.data"), (location, digest)
+    return path

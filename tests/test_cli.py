@@ -144,7 +144,7 @@ def test_bad_inputs(model: Path, tmp_path: Path) -> None:
     _bad(tmp_path, str(model), "--policy", "custom", "--map", "matmul=f16", "-o", out, expect="unknown kind 'matmul'")
     _bad(tmp_path, str(model), "--target", "tpu", "-o", out, expect="unknown target 'tpu' (known: cpu, cuda)")
     _bad(tmp_path, str(model), "-o", str(tmp_path / "no" / "such" / "dir.onnx"), expect="does not exist")
-    _bad(tmp_path, str(model), "-o", str(model), expect="output is the input model")
+    _bad(tmp_path, str(model), "-o", str(model), expect="the output model would overwrite the input model")
     _bad(tmp_path, str(model), expect="missing -o/--output")
     assert _digest(model) == hashlib.sha256(data).hexdigest()
 
@@ -170,9 +170,9 @@ def test_missing_and_short_external_data(tmp_path: Path) -> None:
     data = tmp_path / "mlp.onnx.data"
     content = data.read_bytes()
     data.write_bytes(content[: len(content) // 3])
-    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="too short for tensor")
+    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="is too short for the tensor")
     data.unlink()
-    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="external data file 'mlp.onnx.data'")
+    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="external data location 'mlp.onnx.data': no such file")
 
 
 def _rlx_on_terminal(*args: str) -> tuple[int, str, str]:

@@ -14,8 +14,8 @@ from rlx_onnx_amp import ConversionReport, convert, convert_file
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.verify.emulate import emulate
 from tests.helpers import (
-    LOW, POLICIES, all_graphs, all_nodes, assert_close, cast_duplicates, elem_types, feeds_for, integer_digest, run,
-    value_names,
+    LOW, POLICIES, all_graphs, all_nodes, assert_close, cast_duplicates, data_file, elem_types, feeds_for, integer_digest,
+    run, value_names,
 )
 
 CASES = [(name, policy) for name in {**HEALTHY, **BROKEN_IN_F16} for policy in POLICIES]
@@ -237,7 +237,7 @@ def test_external_data_streaming_matches_in_memory(chunk: int, tmp_path: Path, m
     for policy in ("always-f16", "auto-mixed-bf16"):
         out = tmp_path / f"out_{policy}.onnx"
         convert_file(src, out, policy)
-        assert (tmp_path / f"out_{policy}.onnx.data").exists()
+        data_file(out)  # OUT.<content hash>.data beside it
         onnx.checker.check_model(str(out), full_check=True)
         streamed = onnx.load(str(out))  # loads the external data
         in_memory = convert(onnx.load(str(src)), policy)

@@ -4,7 +4,7 @@ The models (BERT, GPT-2, Llama with grouped-query attention, ViT, the Whisper en
 fixtures/export_transformers.py: tiny configs, random weights, the dynamo exporter, external
 data. Each (model, policy) pair is converted with `convert_file` and then checked:
 
-* the output is OUT + OUT.data and passes `onnx.checker.check_model(full_check=True)`;
+* the output is OUT + OUT.<content hash>.data and passes `onnx.checker.check_model(full_check=True)`;
 * graph input/output names and element types are unchanged, integer initializers are
   byte-identical, float initializers only ever change to the policy's low precision;
 * f32 / f16 policies: onnxruntime (CPU) outputs match the original model's: always-f32 exactly,
@@ -31,6 +31,7 @@ from onnx import TensorProto, numpy_helper
 import rlx_onnx_amp
 from rlx_onnx_amp import ConversionReport
 from rlx_onnx_amp.verify.emulate import emulate
+from tests.helpers import data_file
 
 pytestmark = pytest.mark.slow
 
@@ -125,8 +126,8 @@ def test_convert_transformer(exported, model: str, policy: str, tmp_path: Path) 
     out = tmp_path / f"{model}.{policy}.onnx"
     report = rlx_onnx_amp.convert_file(src, out, policy, report=ConversionReport())
 
-    # External data in, external data out: OUT + OUT.data, and nothing else referenced.
-    data = out.with_name(out.name + ".data")
+    # External data in, external data out: OUT + OUT.<content hash>.data, and nothing else referenced.
+    data = data_file(out)
     assert out.is_file() and data.is_file(), sorted(p.name for p in tmp_path.iterdir())
     converted_meta = onnx.load(str(out), load_external_data=False)
     locations = {e.value for t in converted_meta.graph.initializer if t.data_location == TensorProto.EXTERNAL

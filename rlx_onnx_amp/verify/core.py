@@ -16,11 +16,12 @@ import onnxruntime as ort
 
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError, ModelRunError
+from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
-from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, narrow
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verify.inputs import InputSpec, load_inputs, synthesize
+from rlx_onnx_amp.verify.inputs import InputSpec, check_feeds, load_inputs, save_inputs, synthesize
 from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
 
 __all__ = ["PROVIDERS", "VerifyOptions", "VerifyReport", "resolve_provider", "verify"]
@@ -109,17 +110,23 @@ def resolve_provider(name: str) -> str:
 
 
 class _Session:
-    """An onnxruntime session on a model given as a path or an in-memory proto."""
+    """An onnxruntime session on a model file. `external` maps external data locations the model
+    reads to files elsewhere: onnxruntime gets their contents from memory (mapped, not copied),
+    since it reads external data files only from the model's own directory."""
 
-    def __init__(self, model: str | onnx.ModelProto, provider: str, label: str) -> None:
+    def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
-        src = model if isinstance(model, str) else model.SerializeToString()
+        buffers = [_map_file(path) for path in (external or {}).values()]
+        if buffers:
+            opts.add_external_initializers_from_files_in_memory(list(external or {}), buffers, [len(b) for b in buffers])
         try:
-            self.session = ort.InferenceSession(src, opts, providers=providers)
+            self.session = ort.InferenceSession(model, opts, providers=providers)
         except Exception as e:  # noqa: BLE001 - onnxruntime raises several types
             raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({_first_line(e)})") from None
+        finally:
+            del buffers
         used = self.session.get_providers()
         if used[0] != PROVIDERS[provider]:
             raise InputError(f"{label}: onnxruntime fell back to {used[0]} instead of {PROVIDERS[provider]}")
@@ -135,6 +142,12 @@ class _Session:
         except Exception as e:  # noqa: BLE001
             raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({_first_line(e)})") from None
         return dict(zip(names, values))
+
+
+def _map_file(path: Path) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r")
 
 
 def _first_line(e: BaseException) -> str:
@@ -190,23 +203,39 @@ def emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str
 
 
 def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None,
-           progress: Progress | None = None) -> VerifyReport:
-    """Compare `candidate` against `reference` on the same inputs (see README, Verification)."""
+           progress: Progress | None = None, *, candidate_label: str | None = None,
+           outputs: OutputSet | None = None) -> VerifyReport:
+    """Compare `candidate` against `reference` on the same inputs (see README, Verification).
+
+    `candidate_label` names the candidate in the report (a staged model is verified before it
+    is moved to its final path). `--save-inputs` is staged into `outputs` when given (the
+    caller commits it); otherwise it is written when the verification ends.
+    """
     options = options or VerifyOptions()
     ref_path, cand_path = Path(reference), Path(candidate)
+    cand_label = candidate_label or str(cand_path)
     provider = resolve_provider(options.provider)
     ref_model = load_model(ref_path)
     cand_model = load_model(cand_path)
-    _check_interfaces(ref_model, cand_model, ref_path, cand_path)
+    _check_interfaces(ref_model, cand_model, ref_path, Path(cand_label))
 
     if options.inputs:
         samples = [load_inputs(options.inputs, ref_model)]
     else:
         samples = [synthesize(ref_model, options.spec, k) for k in range(max(options.spec.samples, 1))]
+    check_feeds(ref_model, samples)
     if options.save_inputs:
-        from rlx_onnx_amp.verify.inputs import save_inputs
-
-        save_inputs(options.save_inputs, samples)
+        if outputs is None:
+            paths = RunPaths()
+            for path, role in ((ref_path, "reference model"), (cand_path, "candidate model")):
+                paths.read(path, role)
+            paths.write(options.save_inputs, "--save-inputs file")
+            paths.check()
+            with OutputSet(paths.protected()) as own:
+                save_inputs(own, options.save_inputs, samples)
+                own.commit()
+        else:
+            save_inputs(outputs, options.save_inputs, samples)
 
     low = low_precision_values(cand_model)
     precision = _lowest_precision(low)
@@ -215,7 +244,7 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
     emulated, candidate_loaded = False, False
     cand_session: _Session | None = None
     try:
-        cand_session = _Session(str(cand_path), provider, str(cand_path))
+        cand_session = _Session(str(cand_path), provider, cand_label)
         candidate_loaded = True
         reason = emulation_reason(options.emulate, provider, precision)
     except ModelRunError as e:
@@ -225,7 +254,7 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
             emulated = True
             cand_session = None  # it loaded; free it so only two sessions are ever held
             compared_model, compared_dir = _emulated_model(ref_model, ref_path, cand_model, tmp, progress), ref_path.parent
-            cand_session = _Session(str(tmp.materialize(compared_model, compared_dir, "emulated.onnx")), provider, f"emulated {cand_path}")
+            cand_session = tmp.session(compared_model, compared_dir, provider, f"emulated {cand_label}")
             feed_low: Mapping[str, int] = low
         else:
             assert cand_session is not None
@@ -247,7 +276,7 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
     outputs.sort(key=lambda o: (o.passed, o.name))
     info = PRECISIONS[precision]
     return VerifyReport(
-        reference=str(ref_path), candidate=str(cand_path), provider=provider,
+        reference=str(ref_path), candidate=cand_label, provider=provider,
         providers_used=ref_session.session.get_providers(), emulated=emulated, emulation_reason=reason if emulated else None,
         candidate_loaded=candidate_loaded, precision=precision.value,
         atol={"": options.atol.get("", info.atol), **{k: v for k, v in options.atol.items() if k}},
@@ -303,40 +332,47 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 class Scratch:
-    """Temporary files of a verification. Models that read external data are written beside
-    that data (onnxruntime refuses data outside a model's directory, links included) under
-    hidden unique names; everything is removed on exit."""
+    """A private temporary directory (under TMPDIR) for the models a verification derives
+    (emulated candidates, models with exposed intermediates) and their rounded weights. Nothing
+    goes into the user's directories; everything is removed on exit, which the CLI reaches on
+    errors, Ctrl-C and SIGTERM alike."""
 
     def __init__(self, prefix: str) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
         self.dir = Path(self._tmp.name)
-        self.beside_files: list[Path] = []
+        self._count = 0
 
     def __enter__(self) -> Scratch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for f in self.beside_files:
-            f.unlink(missing_ok=True)
         self._tmp.cleanup()
 
-    def beside(self, directory: Path, name: str) -> Path:
-        """A fresh file name in `directory`, removed on exit."""
-        fd, path = tempfile.mkstemp(prefix=f".rlx-amp-{name}.", dir=directory)
-        os.close(fd)
-        self.beside_files.append(Path(path))
-        return Path(path)
+    def file(self, name: str) -> Path:
+        """A fresh path in the scratch directory."""
+        self._count += 1
+        return self.dir / f"{self._count}-{name}"
 
-    def materialize(self, model: onnx.ModelProto, base_dir: Path, name: str) -> Path:
-        """Save `model`, which reads its external data (if any) from `base_dir`."""
-        if external_locations(all_tensors(model)):
-            if not os.access(base_dir, os.W_OK):
-                raise InputError(f"{base_dir}: verifying a model with external data needs a writable directory for a temporary model")
-            path = self.beside(base_dir, name)
-        else:
-            path = self.dir / name
-        onnx.save(model, str(path))
-        return path
+    def session(self, model: onnx.ModelProto, base_dir: Path | None, provider: str, label: str) -> _Session:
+        """A session on `model`, saved here; external data it reads is either in this
+        directory (written by a sink here) or in `base_dir`, the directory of the model it
+        derives from, whose files are checked to lie inside it and handed over from memory."""
+        path = self.file("model.onnx")
+        try:
+            onnx.save(model, str(path))
+        except OSError as e:
+            raise InputError(f"{self.dir}: cannot write a temporary model ({e.strerror}); set TMPDIR to a directory with space") from None
+        external: dict[str, Path] = {}
+        source = WeightSource(base_dir, label)
+        for tensor in all_tensors(model):
+            if not is_external(tensor):
+                continue
+            # onnxruntime takes either every external file from memory or none.
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            if location not in external:
+                own = self.dir / location
+                external[location] = own if own.is_file() else source.external_path(tensor)
+        return _Session(str(path), provider, label, external)
 
 
 _EMULATED_DATA = "rlx-amp-emulated.data"
@@ -346,9 +382,12 @@ def _emulated_model(ref_model: onnx.ModelProto, ref_path: Path, cand_model: onnx
                     progress: Progress | None = None) -> onnx.ModelProto:
     source = WeightSource(ref_path.parent, str(ref_path))
     sink: WeightSink = WeightSink()
-    if external_locations(all_tensors(ref_model)):  # rounded weights go beside the reference's own data
-        data = scratch.beside(ref_path.parent, _EMULATED_DATA)
-        sink = ExternalSink(data, data.name)
+    locations = external_locations(all_tensors(ref_model))
+    if locations:  # rounded weights go to the scratch directory, the rest stays where it is
+        name = _EMULATED_DATA
+        while name in locations:
+            name = "_" + name
+        sink = ExternalSink(scratch.dir / name, name)
     try:
         step = (lambda done, total: progress("rounding weights", done, total)) if progress is not None else None
         model, rounded = emulate(ref_model, cand_model, source, sink, progress=step)

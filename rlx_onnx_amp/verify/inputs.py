@@ -13,7 +13,10 @@ Synthesis rules (README "Verification inputs"):
 
 from __future__ import annotations
 
+import io
+import math
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +26,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.files import OutputSet
 
-__all__ = ["DEFAULT_DIM", "InputSpec", "load_inputs", "parse_range", "parse_shape", "synthesize"]
+__all__ = ["DEFAULT_DIM", "InputSpec", "check_feeds", "load_inputs", "parse_range", "parse_shape", "save_inputs", "synthesize"]
 
 DEFAULT_DIM = 8
 DEFAULT_SEED = 0
@@ -60,6 +64,8 @@ def parse_range(text: str) -> tuple[str, tuple[float, float]]:
         raise InputError(f"--input-range: expected NAME:LO,HI, got {text!r}") from None
     if not sep or not name or not lo < hi:
         raise InputError(f"--input-range: expected NAME:LO,HI with LO < HI, got {text!r}")
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo > np.finfo(np.float64).max:
+        raise InputError(f"--input-range: bounds must be finite numbers, got {text!r}")
     return name, (lo, hi)
 
 
@@ -160,16 +166,23 @@ def load_inputs(path: str | Path, model: onnx.ModelProto) -> dict[str, np.ndarra
             tensor = TensorProto()
             try:
                 tensor.ParseFromString(f.read_bytes())
-            except Exception:  # noqa: BLE001 - protobuf raises several types
-                raise InputError(f"{f}: not an ONNX TensorProto") from None
+                if tensor.data_location == TensorProto.EXTERNAL:
+                    raise ValueError("external data")
+                array = numpy_helper.to_array(tensor)
+            except Exception:  # noqa: BLE001 - protobuf and onnx raise several types
+                raise InputError(f"{f}: not an ONNX TensorProto with inline data") from None
             name = tensor.name or (names[k] if k < len(names) else f"input_{k}")
-            feeds[name] = numpy_helper.to_array(tensor)
+            feeds[name] = array
     elif p.is_file():
         try:
             with np.load(p, allow_pickle=False) as data:
+                if not isinstance(data, np.lib.npyio.NpzFile):
+                    raise ValueError("a single array, not an archive of named arrays")
                 feeds = {k: data[k] for k in data.files}
-        except (OSError, ValueError) as e:
-            raise InputError(f"{p}: not a readable .npz file ({e})") from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise InputError(f"{p}: not a readable .npz file ({_first_line(e)})") from None
+        except AttributeError:  # np.load gave a plain array (an .npy file)
+            raise InputError(f"{p}: not a readable .npz file (a single array, not an archive of named arrays)") from None
     else:
         raise InputError(f"{p}: no such file or directory")
     missing = [n for n in names if n not in feeds]
@@ -178,14 +191,56 @@ def load_inputs(path: str | Path, model: onnx.ModelProto) -> dict[str, np.ndarra
     return {n: feeds[n] for n in names}
 
 
-def save_inputs(path: str | Path, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
-    """Write the feeds used; with several samples, keys are `NAME` for the first and
-    `NAME#k` for sample k."""
+def save_inputs(outputs: OutputSet, path: str | Path, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Stage the feeds used as an .npz at exactly `path`; with several samples, keys are `NAME`
+    for the first and `NAME#k` for sample k."""
     arrays = {}
     for k, feeds in enumerate(samples):
         for name, value in feeds.items():
             arrays[name if k == 0 else f"{name}#{k}"] = value
-    try:
-        np.savez(path, **arrays)
-    except OSError as e:
-        raise InputError(f"{path}: cannot write inputs ({e.strerror})") from None
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # a file object: numpy adds no ".npz" to the user's path
+    outputs.write_bytes(path, buffer.getvalue())
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """InputError, before anything runs, for a feed whose kind (float, integer, bool), rank or
+    fixed dimensions do not fit the model's input."""
+    for vi in _graph_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        try:
+            want = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        except (KeyError, TypeError):
+            continue
+        for feeds in samples:
+            value = feeds.get(vi.name)
+            if value is None:
+                continue
+            if not isinstance(value, np.ndarray) or _kind(value.dtype) not in ("bool", "integer", "float", "c"):
+                raise InputError(f"input {vi.name!r}: expected a numeric array, got {type(value).__name__} "
+                                 f"{getattr(value, 'dtype', '')}")
+            if _kind(value.dtype) != _kind(want):
+                raise InputError(f"input {vi.name!r}: got {value.dtype} values, the model takes {want}")
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if value.ndim != len(dims):
+                    raise InputError(f"input {vi.name!r}: got rank {value.ndim} {list(value.shape)}, the model takes rank {len(dims)}")
+                for axis, (d, n) in enumerate(zip(dims, value.shape)):
+                    if d.HasField("dim_value") and d.dim_value != n:
+                        raise InputError(f"input {vi.name!r}: dimension {axis} is {n}, the model fixes it to {d.dim_value} "
+                                         f"(got shape {list(value.shape)})")
+
+
+def _kind(dtype: np.dtype) -> str:
+    if dtype == np.bool_:
+        return "bool"
+    if dtype.kind in "iu":
+        return "integer"
+    return "float" if dtype.kind == "f" or dtype.name.startswith(("bfloat", "float")) else dtype.kind

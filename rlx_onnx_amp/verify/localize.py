@@ -61,13 +61,13 @@ def localize(
     ref_model: onnx.ModelProto, ref_dir: Path, cand_model: onnx.ModelProto, cand_dir: Path, feeds: Mapping[str, np.ndarray],
     feed_low: Mapping[str, int], provider: str, tmp: Scratch, tol: Tolerance, top: int,
 ) -> list[dict[str, Any]]:
-    from rlx_onnx_amp.verify.core import _round_feeds, _Session
+    from rlx_onnx_amp.verify.core import _round_feeds
 
     ref_names = _float_values(ref_model)
     cand_names = set(o for node in cand_model.graph.node for o in node.output)
     shared = [n for n in ref_names if n in cand_names]
-    ref_session = _Session(str(tmp.materialize(expose_outputs(ref_model, shared), ref_dir, "localize_ref.onnx")), provider, "reference")
-    cand_session = _Session(str(tmp.materialize(expose_outputs(cand_model, shared), cand_dir, "localize_cand.onnx")), provider, "candidate")
+    ref_session = tmp.session(expose_outputs(ref_model, shared), ref_dir, provider, "reference")
+    cand_session = tmp.session(expose_outputs(cand_model, shared), cand_dir, provider, "candidate")
     ref_values = ref_session.run(feeds, shared)
     cand_values = cand_session.run(_round_feeds(feeds, feed_low) if feed_low else feeds, shared)
     errors = {n: tensor_errors(ref_values[n], cand_values[n]) for n in shared}
