@@ -31,3 +31,13 @@ bench-nodes:
 
 bench-repair:
 	$(PYTHON) bench/repair_bench.py --external
+
+# Mutation fuzzing of the CLI (figures in README): thousands of seeded mutants of the fixture
+# models, a summary table per exit code and mutation kind, and the mutants that break the contract.
+FUZZ_SEED ?= 1
+FUZZ_COUNT ?= 3000
+FUZZ_DIR ?= /tmp/rlx-amp-fuzz
+.PHONY: fuzz
+fuzz:
+	rm -rf $(FUZZ_DIR)
+	$(PYTHON) -m tests.fuzz_mutants --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) --workdir $(FUZZ_DIR) --check-inputs --summary --strict 2>$(FUZZ_DIR).log

@@ -274,7 +274,7 @@ def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb
 def _cmd(name: str, model: Path, out: Path, policy: str) -> list[str]:
     if name == "rlx":
         exe = shutil.which("rlx-amp")
-        base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp.cli"]
+        base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp"]
         return [*base, str(model), "--policy", policy, "-o", str(out), "-q"]
     return [sys.executable, str(Path(__file__).resolve()), "--worker", name, str(model), str(out)]
 
@@ -357,7 +357,7 @@ def mode_nodes(args: argparse.Namespace) -> dict:
     peer_limit = args.peers_max_nodes
     # Fixed cost of starting the CLI (interpreter + imports), to separate from per-node cost.
     exe = shutil.which("rlx-amp")
-    base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp.cli"]
+    base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp"]
     startup = run_one("rlx_startup", [*base, "--version"], work / "none.onnx", [], args.mem_gb, 60, log_dir)
     startup_s = startup["wall_s"] if startup["status"] == "ok" else 0.0
     for n in [int(s) for s in args.nodes.split(",")]:

@@ -260,7 +260,7 @@ def stage_conversion(
     return StagedModel(staged_model, dst, report)
 
 
-_CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+_CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError)
 
 
 def _check(staged: Path, src: Path, dst: Path) -> None:

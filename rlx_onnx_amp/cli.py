@@ -27,7 +27,7 @@ import click
 
 from rlx_onnx_amp import render
 from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion
-from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.errors import AmpError, InputError, Terminated
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
@@ -39,10 +39,6 @@ from rlx_onnx_amp.verify.inputs import parse_range, parse_shape
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
 EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the run is so that every cleanup (staged outputs, scratch) runs."""
 
 
 class _DefaultGroup(click.Group):
@@ -438,4 +434,6 @@ def inspect_cmd(model: str, policy: str, map_text: str | None, map_file: str | N
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    from rlx_onnx_amp.__main__ import main as launch
+
+    launch()

@@ -62,6 +62,8 @@ _F32 = TensorProto.FLOAT
 #: Ops (besides sources) whose attributes carry a type or a tensor that follows the node's precision.
 _ATTRIBUTE_RETYPED_OPS = frozenset(TYPED_TENSOR_ATTRIBUTES) | frozenset(TYPE_ATTRIBUTES)
 _TYPE_STR = {info.elem_type: info.type_str for info in PRECISIONS.values()}
+#: Inserted Casts need an integer `to` (Cast-6) and a default domain onnxruntime implements (7+).
+_MIN_CAST_OPSET = 7
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,7 @@ class _Converter:
         self.used_names: set[str] = set()
         self._group_cache: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], str | None]] = {}
         self._templates: dict[tuple[object, ...], _Template] = {}
+        self._cast_blocks: dict[Precision, str | None] = {}
         self.casts_inserted = 0
         self.clamped: dict[str, ClampStats] = {}
         # Small float tensors are narrowed together at the end (one numpy pass per precision).
@@ -441,6 +444,10 @@ class _Converter:
         if target is Precision.F32:
             return d
         d.keepable = True  # the policy wants it lower: from here on a user keep takes precedence
+        cast_block = self._cast_block(target)
+        if cast_block:
+            d.reason = cast_block
+            return d
         gap = _kernel_gap(node) if (domain if domain != "ai.onnx" else "", op) in KERNEL_GAPS else None
         if gap:
             d.reason = f"kernel: {gap}"
@@ -459,6 +466,35 @@ class _Converter:
             d.output_types.update((k, target.elem_type) for k in out_low)
         d.reason = reason
         return d
+
+    def _cast_block(self, target: Precision) -> str | None:
+        """Why the Casts around a node lowered to `target` cannot be written at the
+        default-domain opset they would live in (None: they can)."""
+        if target not in self._cast_blocks:
+            version = self._cast_opset()
+            reason = None
+            if version < _MIN_CAST_OPSET:
+                # Cast-1 takes `to` as a string, and onnxruntime implements the default domain
+                # from opset 7: the Casts, and the function bodies it expands for low-precision
+                # nodes without a kernel, would not load.
+                reason = f"schema: the default-domain opset {version} predates Cast-{_MIN_CAST_OPSET}"
+            else:
+                try:
+                    cast = onnx.defs.get_schema("Cast", version, "")
+                    allowed = {t for c in cast.type_constraints if c.type_param_str == "T2" for t in c.allowed_type_strs}
+                except onnx.defs.SchemaError:
+                    allowed = set()
+                if _TYPE_STR[target.elem_type] not in allowed:
+                    reason = f"schema: Cast at opset {version} does not admit {target.value}"
+            self._cast_blocks[target] = reason
+        return self._cast_blocks[target]
+
+    def _cast_opset(self) -> int:
+        """The default-domain opset of the model, or the one `_ensure_default_opset` would add."""
+        imported = {o.domain for o in self.model.opset_import}
+        if "" in imported or "ai.onnx" in imported:
+            return self._opset("")
+        return _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
 
     def _lower_groups(self, node: NodeProto, sig: OpSignature, in_types: tuple[int | None, ...], out_types: tuple[int | None, ...],
                       any_inputs: tuple[int, ...], target: Precision) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
@@ -800,10 +836,7 @@ class _Converter:
         (ai.onnx.ml) gets the default-domain opset released with it."""
         if "" in {o.domain for o in self.model.opset_import} | {"ai.onnx"} & {o.domain for o in self.model.opset_import}:
             return
-        ml = self.opsets.get("ai.onnx.ml")
-        ir = self.model.ir_version
-        rows = [row for row in helper.VERSION_TABLE if row[1] <= ir and (ml is None or row[3] == ml)]
-        version = max((row[2] for row in rows), default=1)
+        version = _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
         self.model.opset_import.append(helper.make_opsetid("", version))
         logger.info("added an import of the default domain at opset %d for the inserted Casts", version)
 
@@ -859,6 +892,13 @@ def _reported_precision(d: NodeDecision, scope: _Scope) -> str | None:
                         return chosen.value if chosen else None
                     saw_float = True
     return None
+
+
+def _default_opset_for(model: ModelProto, ml: int | None) -> int:
+    """The default-domain opset released with the model's IR version (and ai.onnx.ml opset)."""
+    ir = model.ir_version
+    rows = [row for row in helper.VERSION_TABLE if row[1] <= ir and (ml is None or row[3] == ml)]
+    return max((row[2] for row in rows), default=1)
 
 
 def _kernel_gap(node: NodeProto) -> str | None:

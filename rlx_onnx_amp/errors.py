@@ -3,7 +3,7 @@ one line and exits with their `exit_code`. Anything else is a bug and keeps its 
 
 from __future__ import annotations
 
-__all__ = ["AmpError", "InputError", "ModelRunError", "PolicyError"]
+__all__ = ["AmpError", "InputError", "ModelRunError", "PolicyError", "Terminated"]
 
 
 class AmpError(Exception):
@@ -24,3 +24,8 @@ class ModelRunError(AmpError):
     """onnxruntime could not create a session for, or run, a model."""
 
     exit_code = 3
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the run is so that every cleanup (staged outputs, scratch) runs.
+    A BaseException, like KeyboardInterrupt: no `except Exception` may swallow it."""

@@ -1,6 +1,6 @@
 """Files are sacred: the paths a run reads and writes, and how outputs reach the disk.
 
-The rules (docs/design.md, "Files"):
+The rules (README, "Files"):
 
 - **Paths are planned.** Every path a run will read (models, their external data, input files,
   map files) and write (models, data files, reports, saved inputs) is resolved, links followed,
@@ -42,7 +42,7 @@ try:  # POSIX only: elsewhere commits into one directory are not serialized acro
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["OutputSet", "RunPaths", "check_data_name", "check_writable", "content_data_name", "external_data_path", "is_content_data_name"]
+__all__ = ["OutputSet", "RunPaths", "ScratchDir", "check_data_name", "check_writable", "content_data_name", "external_data_path", "is_content_data_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,8 @@ class OutputSet:
         key = _real(directory)
         if key not in self._stages:
             try:
-                self._stages[key] = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=directory))
+                with signals_deferred():
+                    self._stages[key] = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=directory))
             except OSError as e:
                 raise InputError(f"{final}: cannot write in {directory} ({e.strerror})") from None
         return self._stages[key]
@@ -255,7 +256,7 @@ class OutputSet:
 
     def commit(self) -> None:
         """Move every staged file into place. Signals wait until the moves are done."""
-        with _signals_deferred(), _locked(self._stages):
+        with signals_deferred(), _locked(self._stages):
             for _, staged, final in sorted(self._files, key=lambda f: f[0]):
                 if _real(final) in self._protected:  # a data file name that is an input's (checked before; never replace one)
                     raise InputError(f"{final}: would overwrite an input of this run")
@@ -287,10 +288,30 @@ class OutputSet:
         self._models.clear()
 
     def discard(self) -> None:
-        for stage in self._stages.values():
-            shutil.rmtree(stage, ignore_errors=True)
-        self._stages.clear()
-        self._files.clear()
+        with signals_deferred():
+            for stage in self._stages.values():
+                shutil.rmtree(stage, ignore_errors=True)
+            self._stages.clear()
+            self._files.clear()
+
+
+class ScratchDir:
+    """A private temporary directory (mode 0700, under TMPDIR), removed on exit; creating and
+    removing it are not cut in half by Ctrl-C or SIGTERM."""
+
+    def __init__(self, prefix: str) -> None:
+        with signals_deferred():
+            self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+
+    def __enter__(self) -> ScratchDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        with signals_deferred():
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -313,8 +334,9 @@ _DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block ends, then act on them as before."""
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then act on them as before: creating and
+    removing staging and scratch directories, and committing, are never cut in half."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

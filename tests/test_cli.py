@@ -19,7 +19,7 @@ DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
 
 
 def rlx(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=300)
 
 
@@ -181,7 +181,7 @@ def _rlx_on_terminal(*args: str) -> tuple[int, str, str]:
     import select
 
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "rlx_onnx_amp.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "rlx_onnx_amp", *args], stdout=subprocess.PIPE,
                             stderr=follower, stdin=subprocess.DEVNULL, text=True)
     os.close(follower)
     chunks: list[bytes] = []

@@ -22,7 +22,7 @@ from rlx_onnx_amp.verify import VerifyOptions
 
 
 def rlx(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], capture_output=True, text=True, timeout=300)
 
 
 def _cancellation_model() -> onnx.ModelProto:

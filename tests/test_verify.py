@@ -26,7 +26,7 @@ TOL = Tolerance(1e-2, 1e-2, 0.999)
 
 
 def rlx(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], capture_output=True, text=True, timeout=300)
 
 
 # ---- metrics ------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ import onnxruntime as ort
 
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError, ModelRunError
-from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.files import OutputSet, RunPaths, ScratchDir
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
@@ -223,7 +222,7 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
         samples = [load_inputs(options.inputs, ref_model)]
     else:
         samples = [synthesize(ref_model, options.spec, k) for k in range(max(options.spec.samples, 1))]
-    check_feeds(ref_model, samples)
+    check_feeds(ref_model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     if options.save_inputs:
         if outputs is None:
             paths = RunPaths()
@@ -331,22 +330,18 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
     return arrays[0] if len(arrays) == 1 else np.stack(arrays)
 
 
-class Scratch:
+class Scratch(ScratchDir):
     """A private temporary directory (under TMPDIR) for the models a verification derives
     (emulated candidates, models with exposed intermediates) and their rounded weights. Nothing
     goes into the user's directories; everything is removed on exit, which the CLI reaches on
     errors, Ctrl-C and SIGTERM alike."""
 
     def __init__(self, prefix: str) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
-        self.dir = Path(self._tmp.name)
+        super().__init__(prefix)
         self._count = 0
 
     def __enter__(self) -> Scratch:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._tmp.cleanup()
 
     def file(self, name: str) -> Path:
         """A fresh path in the scratch directory."""

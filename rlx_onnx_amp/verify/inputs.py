@@ -208,9 +208,9 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(e).__name__
 
 
-def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
+def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], source: str) -> None:
     """InputError, before anything runs, for a feed whose kind (float, integer, bool), rank or
-    fixed dimensions do not fit the model's input."""
+    fixed dimensions do not fit the model's input; `source` says where the feeds came from."""
     for vi in _graph_inputs(model):
         if not vi.type.HasField("tensor_type"):
             continue
@@ -224,17 +224,17 @@ def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarra
             if value is None:
                 continue
             if not isinstance(value, np.ndarray) or _kind(value.dtype) not in ("bool", "integer", "float", "c"):
-                raise InputError(f"input {vi.name!r}: expected a numeric array, got {type(value).__name__} "
+                raise InputError(f"{source}: input {vi.name!r}: expected a numeric array, got {type(value).__name__} "
                                  f"{getattr(value, 'dtype', '')}")
             if _kind(value.dtype) != _kind(want):
-                raise InputError(f"input {vi.name!r}: got {value.dtype} values, the model takes {want}")
+                raise InputError(f"{source}: input {vi.name!r}: got {value.dtype} values, the model takes {want}")
             if tt.HasField("shape"):
                 dims = tt.shape.dim
                 if value.ndim != len(dims):
-                    raise InputError(f"input {vi.name!r}: got rank {value.ndim} {list(value.shape)}, the model takes rank {len(dims)}")
+                    raise InputError(f"{source}: input {vi.name!r}: got rank {value.ndim} {list(value.shape)}, the model takes rank {len(dims)}")
                 for axis, (d, n) in enumerate(zip(dims, value.shape)):
                     if d.HasField("dim_value") and d.dim_value != n:
-                        raise InputError(f"input {vi.name!r}: dimension {axis} is {n}, the model fixes it to {d.dim_value} "
+                        raise InputError(f"{source}: input {vi.name!r}: dimension {axis} is {n}, the model fixes it to {d.dim_value} "
                                          f"(got shape {list(value.shape)})")
 
 

@@ -1,0 +1,51 @@
+"""`python -m rlx_onnx_amp` and the `rlx-amp` command.
+
+The signal handlers go in before the heavy imports (onnx, onnxruntime: most of a second), so
+Ctrl-C or SIGTERM at any moment ends the run with one line and its own exit code (130, 143),
+never a traceback or click's "Aborted!" with exit 1, the drift code.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from rlx_onnx_amp.errors import Terminated
+
+EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _stop(message: str, code: int) -> None:
+    print(f"rlx-amp: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        import click
+
+        from rlx_onnx_amp.cli import main as command
+
+        try:
+            command.main(args=argv, prog_name="rlx-amp", standalone_mode=False)
+        except click.exceptions.Exit as e:  # --help, --version
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:  # click's name for Ctrl-C
+            _stop("interrupted; nothing written", EXIT_SIGINT)
+    except KeyboardInterrupt:
+        _stop("interrupted; nothing written", EXIT_SIGINT)
+    except Terminated:
+        _stop("terminated; nothing written", EXIT_SIGTERM)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
