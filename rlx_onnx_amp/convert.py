@@ -844,7 +844,7 @@ class _Converter:
         report = self.report
         unknown: list[str] = []
         tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
-        decisions, kept = report.decisions, report.kept_f32
+        decisions, kept, keepable = report.decisions, report.kept_f32, report.keepable
 
         def walk(scope: _Scope) -> None:  # node by node, each body right after the node that holds it
             children = scope.children
@@ -852,6 +852,8 @@ class _Converter:
                 prec = d.precision.value if d.precision is not None else _reported_precision(d, scope)
                 tally[(d.kind, d.domain, d.op, prec)] += 1  # counted per kind and op below, once per distinct row
                 decisions[d.path] = prec or "none"
+                if d.keepable and d.precision is not None:
+                    keepable[d.path] = (d.label, d.op)
                 if d.reason:
                     kept.append(KeptNode(d.label, d.op, d.reason, d.path))
                 if children and i in children:

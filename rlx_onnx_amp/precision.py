@@ -46,6 +46,7 @@ class PrecisionInfo:
     max_finite: float
     overflow_at: float  # the smallest magnitude that rounds to Inf (max_finite plus half an ulp)
     smallest_subnormal: float
+    smallest_normal: float  # below it values lose precision, and below half the smallest subnormal they flush to zero
     # Default drift tolerances for a candidate computed at this precision (see README).
     atol: float
     rtol: float
@@ -56,11 +57,12 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
     Precision.F32: PrecisionInfo(
         Precision.F32, TensorProto.FLOAT, "tensor(float)", np.dtype(np.float32),
         float(np.finfo(np.float32).max), float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal),
+        float(np.finfo(np.float32).smallest_normal),
         atol=1e-4, rtol=1e-4, min_cosine=0.99999,
     ),
     Precision.F16: PrecisionInfo(
         Precision.F16, TensorProto.FLOAT16, "tensor(float16)", np.dtype(np.float16),
-        65504.0, 65520.0, float(np.finfo(np.float16).smallest_subnormal),
+        65504.0, 65520.0, float(np.finfo(np.float16).smallest_subnormal), float(np.finfo(np.float16).smallest_normal),
         atol=1e-2, rtol=1e-2, min_cosine=0.999,
     ),
     Precision.BF16: PrecisionInfo(
@@ -68,6 +70,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).max),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).max) * (1 + 2**-8),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
+        float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_normal),
         atol=5e-2, rtol=5e-2, min_cosine=0.995,
     ),
 }

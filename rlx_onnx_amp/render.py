@@ -127,8 +127,12 @@ def verify_markdown(entries: Sequence[tuple[Any, Any]]) -> str:
 
 
 def repair_summary(result: Any) -> str:
-    lines = [f"repair: {'met the tolerance' if result.passed else 'budget spent before the tolerance was met; wrote the best model found'} "
-             f"after {result.evaluations} evaluations; {len(result.kept)} nodes kept f32; "
+    best = result.best or {}
+    written = f"evaluation {best.get('evaluation')} ({best.get('stage')}, score {best.get('score', 0):.3g})"
+    verdict = ("met the tolerance" if result.passed else
+               "the tolerance was not met within the budget or by any keep; wrote the best model found")
+    lines = [f"repair: {verdict} after {result.evaluations} evaluations: {written}; {len(result.kept)} nodes kept f32 "
+             f"(minimality {result.minimality}); "
              f"low precision: {_share(result.compute_low_share)} of Compute nodes, {_share(result.weight_low_share)} of float weight bytes"]
     if result.kept:
         lines.append(table(("kept f32", "op", "reason", "path"), [[v["node"], v["op"], v["reason"], p] for p, v in result.kept.items()]))

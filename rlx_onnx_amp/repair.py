@@ -1,21 +1,28 @@
 """Auto-repair: meet the drift tolerance with as much low-precision work as possible.
 
-The search, each step deterministic and independent of node names:
+The search, each step deterministic and independent of node names. It only ever spends an
+evaluation on nodes the converter can keep (`ConversionReport.keepable`: in low precision, and
+not a Constant-like node, a Cast, control flow or an unknown op).
 
-1. **Magnitude screen** (one f32 reference run, no candidate evaluation): every main-graph
-   tensor whose finite values pass the target type's largest finite value keeps its producer
-   and its consumers in f32 (`overflow`: a consumer would cast the f32 value down to inf); a
-   tensor with non-zero values that flush to zero in the target type and that feeds an input
-   where zero is singular (a divisor, a square root, a logarithm) keeps its producer and that
-   consumer in f32 (`underflow`).
-2. **Localization**: verify; while it fails, the first node where drift jumps or NaN/Inf
-   appears (`--localize`) is kept in f32 (`drift`).
-3. **Bisection** over what remains when localization names no new node: the low-precision
-   nodes in graph order (bodies of If/Loop/Scan included, by node path) are halved, keeping
-   the half whose f32 restores the most accuracy, until one node is left.
+1. **Magnitude screen** (one f32 reference run, no candidate evaluation), over every main-graph
+   tensor: one whose finite values pass the target type's largest finite value keeps its
+   producer and its consumers in f32 (`overflow`: a consumer would cast it down to Inf); one
+   whose non-zero values lie wholly below the smallest normal number, or mostly flush to zero,
+   keeps its producer and its consumers in f32 (`underflow`: a network whose late activations
+   are all tiny is repaired as a region, not node by node); one with values that flush to zero
+   and that feeds an input where zero is singular (a divisor, a square root, a logarithm) keeps
+   its producer and that consumer in f32 (`underflow`).
+2. **Localization**: while it fails, the first keepable node where drift jumps, NaN/Inf appears
+   or a shape starts to differ (`--localize`) is kept in f32 (`drift`).
+3. **Bisection** over what remains when localization names no new node: the keepable nodes in
+   graph order (bodies of If/Loop/Scan included, by node path) are halved, keeping the half
+   whose f32 restores the most accuracy, until one node is left.
+4. **Minimality**: once a candidate passes, kept nodes are given back in chunks (halves, then
+   smaller) while the result still passes, as far as the budget allows.
 
-It stops when the tolerance is met or after `budget` candidate evaluations; the best model
-seen is written either way.
+Every evaluation counts against `budget`. The model written is the best candidate evaluated
+(`best_key`): a passing one over a failing one; among passing ones the fewest kept nodes, then
+the lowest score; among failing ones the lowest score.
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ import onnx
 
 from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
 from rlx_onnx_amp.convert import ConvertOptions
-from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
@@ -41,16 +47,16 @@ from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types
-from rlx_onnx_amp.verify.core import (
-    Scratch, VerifyOptions, VerifyReport, _emulated_model, _lowest_precision, _round_feeds, _Session, _stack, _tolerance,
-    emulation_fallback, emulation_reason, resolve_provider, verify,
+from rlx_onnx_amp.verify.compare import (
+    Compared, Scratch, Session, VerifyOptions, compare_outputs, open_compared, resolve_provider, stack_samples, tolerance_for,
 )
-from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verify.inputs import load_inputs, synthesize
+from rlx_onnx_amp.verify.core import VerifyReport, verify
+from rlx_onnx_amp.verify.emulate import emulate
+from rlx_onnx_amp.verify.inputs import check_feeds, load_inputs, synthesize
 from rlx_onnx_amp.verify.localize import expose_outputs, localize
-from rlx_onnx_amp.verify.metrics import compare_arrays
+from rlx_onnx_amp.verify.metrics import Tolerance
 
-__all__ = ["DEFAULT_BUDGET", "RepairResult", "repair_file"]
+__all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "best_key", "magnitude_screen", "repair_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,29 @@ ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
     "Pow": (0,),
 }
 
+#: A tensor whose non-zero values flush to zero at least this often is an underflow region.
+MOSTLY_FLUSHED = 0.5
+
+
+@dataclass
+class Evaluation:
+    """One candidate: the node paths it keeps in f32 (path -> reason) and how it did."""
+
+    index: int
+    stage: str
+    keep: dict[str, str]
+    passed: bool
+    score: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"evaluation": self.index, "stage": self.stage, "kept": len(self.keep), "passed": self.passed, "score": self.score}
+
+
+def best_key(e: Evaluation) -> tuple[int, int, float, int]:
+    """Sort key of candidates, best first: passing ones by fewest kept nodes then score;
+    failing ones by score; the earlier evaluation on a tie."""
+    return (0, len(e.keep), e.score, e.index) if e.passed else (1, 0, e.score, e.index)
+
 
 @dataclass
 class RepairResult:
@@ -74,6 +103,8 @@ class RepairResult:
     compute_low_share: float | None = None  # None: the model has no Compute nodes
     weight_low_share: float | None = None  # None: the model has no float weights
     history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None  # the evaluation written: {evaluation, stage, score, kept}
+    minimality: str = "not checked"  # "checked", "partial (N of M kept nodes tried)", "not checked"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,50 +113,61 @@ class RepairResult:
             "kept_f32": [{"path": p, **v} for p, v in self.kept.items()],
             "compute_low_share": self.compute_low_share,
             "weight_low_share": self.weight_low_share,
+            "best": self.best,
+            "minimality": self.minimality,
             "history": self.history,
         }
 
 
-def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, base_dir: Path, feeds: Mapping[str, np.ndarray],
+def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                      precision: Precision, provider: str, tmp: Scratch) -> dict[str, str]:
     """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
     weights and constants narrowed as `candidate` holds them (a -3.4e38 mask clamped to -65504
-    is no overflow)."""
+    is no overflow). Only main-graph tensors: bodies are left to localization and bisection."""
     info = PRECISIONS[precision]
     model, _ = emulate(model, candidate, computed=False)
     types = model_types(model)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
-    session = tmp.session(expose_outputs(model, names), base_dir, provider, "reference")
+    session = tmp.session(expose_outputs(model, names), None, provider, "reference")
     values = session.run(feeds, names)
+    del session
     producer = {o: str(i) for i, n in enumerate(model.graph.node) for o in n.output}
     consumers: dict[str, list[tuple[int, int]]] = {}
     for i, node in enumerate(model.graph.node):
         for k, name in enumerate(node.input):
             consumers.setdefault(name, []).append((i, k))
     keep: dict[str, str] = {}
+
+    def keep_with_consumers(name: str, reason: str, only: list[int] | None = None) -> None:
+        keep.setdefault(producer[name], reason)
+        for i in (only if only is not None else [i for i, _ in consumers.get(name, [])]):
+            keep.setdefault(str(i), reason)
+
     for name in names:
-        v = np.asarray(values[name], dtype=np.float64)
+        v = np.abs(np.asarray(values[name], dtype=np.float64))
         finite = v[np.isfinite(v)]
         if not finite.size:
             continue
-        if float(np.max(np.abs(finite))) >= info.overflow_at:
-            keep.setdefault(producer[name], "overflow")
-            for i, _ in consumers.get(name, []):
-                keep.setdefault(str(i), "overflow")
+        if float(finite.max()) >= info.overflow_at:
+            keep_with_consumers(name, "overflow")
             continue
         nonzero = finite[finite != 0]
-        if nonzero.size and float(np.min(np.abs(nonzero))) < info.smallest_subnormal / 2:
+        if not nonzero.size:
+            continue
+        flushed = nonzero < info.smallest_subnormal / 2
+        if float(nonzero.max()) < info.smallest_normal or float(np.mean(flushed)) >= MOSTLY_FLUSHED:
+            keep_with_consumers(name, "underflow")
+        elif flushed.any():
             singular = [i for i, k in consumers.get(name, []) if k in ZERO_SINGULAR_INPUTS.get(model.graph.node[i].op_type, ())]
             if singular:
-                keep.setdefault(producer[name], "underflow")
-                for i in singular:
-                    keep.setdefault(str(i), "underflow")
+                keep_with_consumers(name, "underflow", singular)
     return keep
 
 
 class _Evaluator:
-    """Converts the reference with a set of kept node paths and measures the drift."""
+    """Converts the reference with a set of kept node paths and measures the drift against
+    reference outputs computed once."""
 
     def __init__(self, ref_path: Path, policy: Policy, options: ConvertOptions, verify_options: VerifyOptions, tmp: Scratch) -> None:
         self.ref_path = ref_path
@@ -139,61 +181,97 @@ class _Evaluator:
             self.samples = [load_inputs(verify_options.inputs, self.model)]
         else:
             self.samples = [synthesize(self.model, verify_options.spec, k) for k in range(max(verify_options.spec.samples, 1))]
-        ref_session = _Session(str(ref_path), self.provider, str(ref_path))
-        self.reference = [ref_session.run(f) for f in self.samples]
+        check_feeds(self.model, self.samples, f"--inputs {verify_options.inputs}" if verify_options.inputs else "synthesized inputs (--shape)")
+        ref_session = Session(str(ref_path), self.provider, str(ref_path))
         self.output_names = ref_session.output_names
+        self.reference = [ref_session.run(f, self.output_names) for f in self.samples]
+        del ref_session
         self.evaluations = 0
+        self.compared: Compared | None = None
 
-    def convert(self, keep: Mapping[str, str]) -> tuple[onnx.ModelProto, ConversionReport]:
-        report = ConversionReport()
-        return convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report), report
-
-    def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, onnx.ModelProto, ConversionReport, list[Any]]:
-        """(passed, score, candidate, report, drifts); score: the worst output's error over its bound."""
+    def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, ConversionReport]:
+        """(passed, score, report); score: the worst output's `OutputDrift.score`."""
         self.evaluations += 1
-        candidate, report = self.convert(keep)
-        low = low_precision_values(candidate)
-        precision = _lowest_precision(low)
-        emulated = emulation_reason(self.verify_options.emulate, self.provider, precision) is not None
-        session = None
-        if not emulated:
-            try:
-                session = self.tmp.session(candidate, self.ref_path.parent, self.provider, "candidate")
-            except ModelRunError as e:  # as in verify: a candidate the provider cannot load is emulated
-                logger.info("%s: emulating", emulation_fallback(e, self.verify_options.emulate, self.provider, precision))
-                emulated = True
-        compared = _emulated_model(self.model, self.ref_path, candidate, self.tmp) if emulated else candidate
-        feed_low = low if emulated else {}
-        if session is None:
-            session = self.tmp.session(compared, self.ref_path.parent, self.provider, "candidate")
-        drifts, score = [], 0.0
-        runs = [session.run(_round_feeds(f, feed_low) if feed_low else f, self.output_names) for f in self.samples]
-        for name in self.output_names:
-            ref = _stack([r[name] for r in self.reference])
-            cand = _stack([c[name] for c in runs])
-            tol = _tolerance(name, precision, self.verify_options)
-            drift = compare_arrays(name, ref, cand, tol)
-            drifts.append(drift)
-            bound = tol.atol + tol.rtol * float(np.max(np.abs(ref[np.isfinite(ref)]))) if np.isfinite(ref).any() else tol.atol
-            nonfinite = drift.nan_cand + drift.inf_cand - drift.nan_ref - drift.inf_ref
-            cos_gap = 0.0 if drift.cosine is None else max(0.0, tol.min_cosine - drift.cosine) / max(1e-12, 1 - tol.min_cosine)
-            score = max(score, drift.max_abs / max(bound, 1e-30), cos_gap, 1e6 * max(nonfinite, 0))
-        passed = all(d.passed for d in drifts)
-        self.candidate, self.precision, self.compared, self.feed_low = candidate, precision, compared, feed_low
-        return passed, score, candidate, report, drifts
+        report = ConversionReport()
+        candidate = convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report)
+        self.compared = None  # release the previous candidate's session first
+        compared = open_compared(self.model, None, candidate, None, self.provider, self.verify_options.emulate, self.tmp,
+                                 "candidate")
+        runs = [compared.run(f, self.output_names) for f in self.samples]
+        results = {n: (stack_samples([r[n] for r in self.reference]), stack_samples([c[n] for c in runs])) for n in self.output_names}
+        drifts = compare_outputs(results, compared.precision, self.verify_options)
+        self.compared = compared
+        return bool(drifts) and all(d.passed for d in drifts), max((d.score for d in drifts), default=0.0), report
 
-    def localize_first(self, precision: Precision) -> list[dict[str, Any]]:
-        return localize(self.model, self.ref_path.parent, self.compared, self.ref_path.parent, self.samples[0], self.feed_low,
-                        self.provider, self.tmp, _tolerance("", precision, self.verify_options), 50)
+    def localize_first(self, tol: Tolerance) -> list[dict[str, Any]]:
+        assert self.compared is not None
+        return localize(self.model, None, self.compared, self.samples[0], self.provider, self.tmp, tol, 50)
+
+
+class _Search:
+    """The evaluations of one repair, within its budget; remembers the best."""
+
+    def __init__(self, evaluator: _Evaluator, budget: int, progress: Callable[[str], None] | None) -> None:
+        self.ev = evaluator
+        self.budget = budget
+        self.progress = progress
+        self.history: list[Evaluation] = []
+        self.report: ConversionReport | None = None  # of the last evaluation
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.ev.evaluations
+
+    @property
+    def best(self) -> Evaluation:
+        return min(self.history, key=best_key)
+
+    def step(self, stage: str, keep: Mapping[str, str]) -> Evaluation:
+        passed, score, self.report = self.ev.evaluate(keep)
+        e = Evaluation(len(self.history), stage, dict(keep), passed, score)
+        self.history.append(e)
+        if self.progress:
+            self.progress(f"{stage}: {len(keep)} kept, {'pass' if passed else 'fail'} (score {score:.3g})")
+        return e
+
+    def bisect(self, keep: dict[str, str], pool: list[str]) -> Evaluation | None:
+        """Halve `pool` toward the one node whose f32 restores accuracy; the last evaluation."""
+        last = None
+        while len(pool) > 1 and self.left >= 1:
+            first, second = pool[: len(pool) // 2], pool[len(pool) // 2:]
+            a = last = self.step(f"bisect {len(first)} nodes", {**keep, **dict.fromkeys(first, "drift")})
+            if a.passed or self.left < 1:
+                pool = first
+                continue
+            b = last = self.step(f"bisect {len(second)} nodes", {**keep, **dict.fromkeys(second, "drift")})
+            pool = first if a.score <= b.score else second
+        if len(pool) == 1 and self.left >= 1:
+            keep[pool[0]] = "drift"
+            last = self.step("bisect result", keep)
+        return last
+
+    def minimize(self, start: Evaluation) -> str:
+        """Give back kept nodes, in chunks, while the candidate still passes."""
+        keep = dict(start.keep)
+        chunks = [sorted(keep, key=_path_key)] if keep else []
+        proven = 0  # kept nodes shown needed one by one
+        while chunks and self.left >= 1:
+            chunk = chunks.pop(0)
+            trial = {p: r for p, r in keep.items() if p not in chunk}
+            if self.step(f"minimize: give back {len(chunk)}", trial).passed:
+                keep = trial
+            elif len(chunk) > 1:
+                chunks[:0] = [chunk[: len(chunk) // 2], chunk[len(chunk) // 2:]]
+            else:
+                proven += 1
+        if not chunks:
+            return "checked"
+        return f"partial ({proven} of {len(keep)} kept nodes shown needed)"
 
 
 def _with_kept(options: ConvertOptions, keep: Mapping[str, str]) -> ConvertOptions:
     """The user's options plus the node paths repair keeps in f32."""
     return dataclasses.replace(options, keep_f32_paths={**options.keep_f32_paths, **{p: f"repair: {r}" for p, r in keep.items()}})
-
-
-def _low_paths(report: ConversionReport) -> list[str]:
-    return [p for p, prec in report.decisions.items() if prec in ("f16", "bf16")]
 
 
 def repair_file(
@@ -213,6 +291,8 @@ def repair_file(
 
     With `outputs` the model (and `--save-inputs`) are staged there for the caller to commit;
     otherwise they are written when the repair ends."""
+    if budget < 1:
+        raise ValueError("repair budget must be at least 1")
     src, dst = Path(input_path), Path(output_path)
     resolved = resolve_policy(policy)
     options = options or ConvertOptions()
@@ -235,82 +315,64 @@ def _repair(src: Path, dst: Path, resolved: Policy, options: ConvertOptions, ver
             paths: RunPaths) -> tuple[ConversionReport, VerifyReport, RepairResult]:
     with Scratch("rlx-amp-repair-") as tmp:
         ev = _Evaluator(src, resolved, options, verify_options, tmp)
-        keep: dict[str, str] = {}
-        history: list[dict[str, Any]] = []
-
-        def step(stage: str, kept: Mapping[str, str]) -> tuple[bool, float, ConversionReport]:
-            passed, score, _, report, _ = ev.evaluate(kept)
-            history.append({"stage": stage, "kept": len(kept), "passed": passed, "score": score})
-            if progress:
-                progress(f"{stage}: {len(kept)} kept, {'pass' if passed else 'fail'} (score {score:.3g})")
-            return passed, score, report
-
-        passed, score, report = step("policy", keep)
-        best = (score, dict(keep))
-        policy_candidate, precision = ev.candidate, ev.precision  # the policy's own conversion, just evaluated
-        if not passed and precision is not Precision.F32:
-            screen = magnitude_screen(ev.model, policy_candidate, src.parent, ev.samples[0], precision, ev.provider, tmp)
-            low_now = set(_low_paths(report))
-            screen = {p: r for p, r in screen.items() if p in low_now}
+        search = _Search(ev, budget, progress)
+        current = search.step("policy", {})
+        assert search.report is not None and ev.compared is not None
+        keepable = dict(search.report.keepable)  # what the policy lowered and a keep can give back
+        precision = ev.compared.precision
+        if not current.passed and precision is not Precision.F32 and search.left >= 1:
+            screen = magnitude_screen(ev.model, _policy_candidate(ev), ev.samples[0], precision, ev.provider, tmp)
+            screen = {p: r for p, r in screen.items() if p in keepable}
             if screen:
-                keep.update(screen)
-                passed, score, report = step("magnitude screen", keep)
-                best = min(best, (score, dict(keep)), key=lambda b: b[0])
-        while not passed and ev.evaluations < budget:
-            low_now = set(_low_paths(report))
-            named = [d for d in ev.localize_first(precision) if d["path"] in low_now and d["path"] not in keep]
-            if named:
-                keep[named[0]["path"]] = "drift"
-                passed, score, report = step(f"localize {named[0]['node']}", keep)
-            else:
-                remaining = sorted(low_now - set(keep), key=_path_key)
-                if not remaining:
+                current = search.step("magnitude screen", screen)
+        tol = tolerance_for("", precision, verify_options)
+        while not current.passed and search.left >= 1:
+            named = []
+            for found in ev.localize_first(tol):
+                if found["path"] in current.keep:
+                    continue
+                why = search.report.why_not_keepable(found["path"]) if found["path"] not in keepable else None
+                if why is None:
+                    named.append(found)
                     break
-                passed, score, report, keep = _bisect(step, keep, remaining, budget - ev.evaluations)
-            best = min(best, (score, dict(keep)), key=lambda b: b[0])
-        final_keep = keep if passed else best[1]
-        staged = stage_conversion(src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, final_keep))
+                logger.info("localize names %s (%s), which no keep changes: %s", found["node"], found["reason"], why)
+            if named:
+                current = search.step(f"localize {named[0]['node']}", {**current.keep, named[0]["path"]: "drift"})
+                continue
+            remaining = sorted(set(keepable) - set(current.keep), key=_path_key)
+            if not remaining:
+                break
+            last = search.bisect(dict(current.keep), remaining)
+            if last is None:
+                break
+            current = last
+        minimality = "not checked"
+        if search.best.passed and search.left >= 1:
+            minimality = search.minimize(search.best)
+        best = search.best
+        staged = stage_conversion(src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep))
         conversion = staged.report
     verified = verify(src, staged.path, verify_options, candidate_label=str(dst), outputs=outputs)
-    result = RepairResult(verified.passed, ev.evaluations, history=history)
-    by_path = {k.path: k for k in conversion.kept_f32}
-    for path, reason in final_keep.items():
-        kept = by_path.get(path)
-        result.kept[path] = {"node": kept.node if kept else path, "op": kept.op if kept else "?", "reason": reason}
+    result = RepairResult(verified.passed, ev.evaluations, history=[e.to_json() for e in search.history],
+                          best={"evaluation": best.index, "stage": best.stage, "score": best.score, "kept": len(best.keep)},
+                          minimality=minimality)
+    for e in result.history:
+        e["written"] = e["evaluation"] == best.index
+    for path, reason in sorted(best.keep.items(), key=lambda kv: _path_key(kv[0])):
+        label, op = keepable[path]
+        result.kept[path] = {"node": label, "op": op, "reason": reason}
     result.compute_low_share, result.weight_low_share = _shares(ev.model, conversion)
     conversion.verify = verified.to_json()
     conversion.repair = result.to_json()
     return conversion, verified, result
 
 
+def _policy_candidate(ev: _Evaluator) -> onnx.ModelProto:
+    return convert(ev.model, ev.policy, options=ev.options)
+
+
 def _path_key(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in path.split("/") if p.isdigit())
-
-
-def _bisect(step: Callable[[str, Mapping[str, str]], tuple[bool, float, ConversionReport]], keep: dict[str, str],
-            candidates: list[str], budget: int) -> tuple[bool, float, ConversionReport, dict[str, str]]:
-    """Halve the candidate nodes, keeping in f32 the half that lowers the score most, down to one
-    node; then add that node for good."""
-    passed, score, report = False, float("inf"), None
-    pool = list(candidates)
-    used = 0
-    while len(pool) > 1 and used + 2 <= budget:
-        half = len(pool) // 2
-        first, second = pool[:half], pool[half:]
-        p1, s1, r1 = step(f"bisect {len(first)} nodes", {**keep, **{p: "drift" for p in first}})
-        if p1 and len(first) == 1:
-            keep.update({p: "drift" for p in first})
-            return p1, s1, r1, keep
-        p2, s2, r2 = step(f"bisect {len(second)} nodes", {**keep, **{p: "drift" for p in second}})
-        used += 2
-        pool = first if s1 <= s2 else second
-        passed, score, report = (p1, s1, r1) if s1 <= s2 else (p2, s2, r2)
-    if len(pool) == 1:
-        keep[pool[0]] = "drift"
-        if used + 1 <= budget:
-            passed, score, report = step("bisect result", keep)
-    assert report is not None or not candidates or budget < 1
-    return passed, score, report if report is not None else ConversionReport(), keep
 
 
 def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | None, float | None]:
@@ -327,4 +389,3 @@ def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | N
 def _split(op: str) -> tuple[str, str]:
     domain, _, name = op.rpartition(".")
     return domain, name
-

@@ -41,6 +41,11 @@ class ConversionReport:
     unknown_ops: list[str] = field(default_factory=list)
     #: Node path -> precision the node ended at ("none" for nodes without float values).
     decisions: dict[str, str] = field(default_factory=dict)
+    #: Node path -> (node label, op type) of the nodes in low precision that a keep
+    #: (`ConvertOptions.keep_f32_paths`) would return to their original types: the only nodes
+    #: repair may spend an evaluation on. Constant-like nodes, fixed-type ops (Cast), control
+    #: flow, unknown ops and nodes already in f32 are not among them.
+    keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
     verify: dict[str, Any] | None = None
     repair: dict[str, Any] | None = None
 
@@ -74,3 +79,14 @@ class ConversionReport:
         if self.repair is not None:
             data["repair"] = self.repair
         return data
+
+    def why_not_keepable(self, path: str) -> str | None:
+        """None when a keep of node `path` changes the conversion; else why it cannot."""
+        if path in self.keepable:
+            return None
+        precision = self.decisions.get(path)
+        if precision is None:
+            return "no such node"
+        if precision in ("f32", "none"):
+            return "it already keeps its original types"
+        return "its types follow its consumers or are fixed by its op (a Constant-like node, a Cast, control flow)"

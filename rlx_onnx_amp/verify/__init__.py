@@ -1,8 +1,10 @@
-"""Drift verification with onnxruntime: metrics, inputs, emulation, localization."""
+"""Drift verification with onnxruntime: the comparison core, metrics, inputs, emulation and
+localization."""
 
 from __future__ import annotations
 
-from rlx_onnx_amp.verify.core import PROVIDERS, VerifyOptions, VerifyReport, resolve_provider, verify
+from rlx_onnx_amp.verify.compare import PROVIDERS, VerifyOptions, resolve_provider
+from rlx_onnx_amp.verify.core import VerifyReport, verify
 from rlx_onnx_amp.verify.inputs import InputSpec
 from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
 

@@ -1,27 +1,34 @@
 """Drift localization: compare every float tensor the two models share by name, and name the
 first nodes where the drift jumps or NaN/Inf appears.
 
-The converter keeps original value names (design rule 10), so the candidate's tensor `x` is the
-reference's `x`, whatever precision it is held in. A node is reported when its output has NaN/Inf
-that the reference lacks while its inputs have none, or when its output's relative error passes
-the tolerance and is at least `JUMP` times the largest relative error of its inputs.
+The converter keeps original value names, so the candidate's tensor `x` is the reference's `x`,
+whatever precision it is held in. A node is reported when its output has NaN/Inf that the
+reference lacks while its inputs have none, or when its output's relative error passes the
+tolerance and is at least `JUMP` times the largest relative error of its inputs. A tensor whose
+shape differs between the two runs (data-dependent shapes: NonZero, TopK with a computed k,
+NMS) is reported as such, with both shapes, and not compared element by element.
+
+Reference values the candidate's precision cannot hold (past its largest finite value: a -1e9
+mask clamped to -65504) are not compared where the candidate holds a finite value there: the
+converter reports the clamping, and what it causes downstream shows in the tensors that follow.
+Where the candidate holds Inf or NaN instead (an overflow), it counts as NaN/Inf appearing. Constant-like nodes, whose values the
+converter narrows for their consumers and which no keep can change, are never reported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.precision import FLOAT_TYPES
+from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
+from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.types import model_types
+from rlx_onnx_amp.verify.compare import Compared, Scratch, round_feeds
 from rlx_onnx_amp.verify.metrics import Tolerance
-
-if TYPE_CHECKING:
-    from rlx_onnx_amp.verify.core import Scratch
 
 __all__ = ["JUMP", "expose_outputs", "localize", "tensor_errors"]
 
@@ -37,18 +44,23 @@ def expose_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelPr
     return out
 
 
-def _float_values(model: onnx.ModelProto) -> list[str]:
+def float_values(model: onnx.ModelProto) -> list[str]:
+    """The main-graph values computed by nodes that hold floats (f32, f16, bf16)."""
     types = model_types(model)
     main = types.get("", {})
     return [o for node in model.graph.node for o in node.output if o and main.get(o) in FLOAT_TYPES]
 
 
-def tensor_errors(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float | int]:
-    """Relative error (max_abs over max|reference|) and new non-finite counts of one tensor."""
-    r = reference.astype(np.float64).ravel()
-    c = candidate.astype(np.float64).ravel()
-    new_nonfinite = int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))
-    both = np.isfinite(r) & np.isfinite(c)
+def tensor_errors(reference: np.ndarray, candidate: np.ndarray, max_finite: float = np.inf) -> dict[str, Any]:
+    """Relative error (max_abs over max|reference|) and new non-finite counts of one tensor,
+    over the positions whose reference value the candidate's precision can hold; or, when the
+    shapes differ, both shapes."""
+    if np.shape(reference) != np.shape(candidate):
+        return {"rel_error": 0.0, "max_abs": 0.0, "new_nonfinite": 0, "shapes": (list(np.shape(reference)), list(np.shape(candidate)))}
+    r = np.asarray(reference).astype(np.float64).ravel()
+    c = np.asarray(candidate).astype(np.float64).ravel()
+    new_nonfinite = int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))  # overflow shows here, past the range too
+    both = np.isfinite(r) & np.isfinite(c) & (np.abs(r) <= max_finite)
     if not both.any():
         return {"rel_error": 0.0, "max_abs": 0.0, "new_nonfinite": new_nonfinite}
     diff = float(np.max(np.abs(r[both] - c[both])))
@@ -57,40 +69,48 @@ def tensor_errors(reference: np.ndarray, candidate: np.ndarray) -> dict[str, flo
             "new_nonfinite": new_nonfinite}
 
 
-def localize(
-    ref_model: onnx.ModelProto, ref_dir: Path, cand_model: onnx.ModelProto, cand_dir: Path, feeds: Mapping[str, np.ndarray],
-    feed_low: Mapping[str, int], provider: str, tmp: Scratch, tol: Tolerance, top: int,
-) -> list[dict[str, Any]]:
-    from rlx_onnx_amp.verify.core import _round_feeds
-
-    ref_names = _float_values(ref_model)
-    cand_names = set(o for node in cand_model.graph.node for o in node.output)
+def localize(ref_model: onnx.ModelProto, ref_dir: Path | None, compared: Compared, feeds: Mapping[str, np.ndarray],
+             provider: str, tmp: Scratch, tol: Tolerance, top: int) -> list[dict[str, Any]]:
+    """The first `top` nodes of the main graph, in graph order, where drift starts."""
+    ref_names = float_values(ref_model)
+    cand_names = {o for node in compared.model.graph.node for o in node.output}
     shared = [n for n in ref_names if n in cand_names]
+    # One session at a time: the reference's intermediates are kept, its session released.
     ref_session = tmp.session(expose_outputs(ref_model, shared), ref_dir, provider, "reference")
-    cand_session = tmp.session(expose_outputs(cand_model, shared), cand_dir, provider, "candidate")
     ref_values = ref_session.run(feeds, shared)
-    cand_values = cand_session.run(_round_feeds(feeds, feed_low) if feed_low else feeds, shared)
-    errors = {n: tensor_errors(ref_values[n], cand_values[n]) for n in shared}
+    del ref_session
+    cand_session = tmp.session(expose_outputs(compared.model, shared), compared.base_dir, provider, "candidate")
+    cand_values = cand_session.run(round_feeds(feeds, compared.feed_low), shared)
+    del cand_session
+    max_finite = PRECISIONS[compared.precision].max_finite if compared.precision is not Precision.F32 else np.inf
+    errors = {n: tensor_errors(ref_values[n], cand_values[n], max_finite) for n in shared}
+    del ref_values, cand_values
     found: list[dict[str, Any]] = []
     for index, node in enumerate(ref_model.graph.node):
         outs = [o for o in node.output if o in errors]
-        if not outs:
+        if not outs or (node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in ("", "ai.onnx")):
             continue
         ins = [errors[i] for i in node.input if i in errors]
         in_rel = max((e["rel_error"] for e in ins), default=0.0)
         in_nonfinite = sum(int(e["new_nonfinite"]) for e in ins)
+        in_shapes_differ = any("shapes" in e for e in ins)
         for out in outs:
             e = errors[out]
+            entry = {"node": node.name or f"{node.op_type}@{index}", "op": node.op_type, "path": str(index), "tensor": out,
+                     "rel_error": e["rel_error"], "input_rel_error": in_rel, "max_abs": e["max_abs"],
+                     "new_nonfinite": e["new_nonfinite"]}
+            if "shapes" in e:
+                if not in_shapes_differ:
+                    ref_shape, cand_shape = e["shapes"]
+                    found.append({**entry, "reason": "shape differs", "reference_shape": ref_shape, "candidate_shape": cand_shape})
+                    break
+                continue
             nonfinite_appears = e["new_nonfinite"] > 0 and in_nonfinite == 0
             jump = e["rel_error"] > tol.rtol and e["rel_error"] >= JUMP * max(in_rel, 1e-6)
             if nonfinite_appears or jump:
-                found.append({
-                    "node": node.name or f"{node.op_type}@{index}", "op": node.op_type, "path": str(index), "tensor": out,
-                    "reason": "NaN/Inf appears" if nonfinite_appears else "drift jumps",
-                    "rel_error": e["rel_error"], "input_rel_error": in_rel, "max_abs": e["max_abs"],
-                    "new_nonfinite": e["new_nonfinite"],
-                })
+                found.append({**entry, "reason": "NaN/Inf appears" if nonfinite_appears else "drift jumps"})
                 break
         if len(found) >= top:
             break
     return found
+

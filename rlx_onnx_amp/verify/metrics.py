@@ -43,6 +43,11 @@ class OutputDrift:
     passed: bool = True
     failures: list[str] | None = None
     tolerance: Tolerance | None = None
+    bound: float | None = None  # atol + rtol * max|reference|: what max_abs was judged against
+    #: How far from passing: the worst of max_abs / bound and (1 - cosine) / (1 - min_cosine);
+    #: at most 1 when those pass; 1e6 per new non-finite value, 1e9 for another failure
+    #: (shapes or non-float values that differ). Repair minimizes it.
+    score: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "tolerance"}
@@ -63,7 +68,7 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
     drift = OutputDrift(name, str(ref.dtype), tuple(ref.shape), int(ref.size), tolerance=tol)
     failures: list[str] = []
     if ref.shape != cand.shape:
-        drift.passed, drift.failures = False, [f"shape {cand.shape} != reference {ref.shape}"]
+        drift.passed, drift.failures, drift.score = False, [f"shape {cand.shape} != reference {ref.shape}"], _OTHER_FAILURE
         return drift
     if ref.dtype.kind not in "fc":
         differ = int(np.count_nonzero(ref != cand))
@@ -73,6 +78,7 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
         if differ:
             failures.append(f"{differ} of {ref.size} non-float values differ")
         drift.passed, drift.failures = not failures, failures or None
+        drift.score = _OTHER_FAILURE if failures else 0.0
         return drift
     r = ref.astype(np.float64).ravel()
     c = cand.astype(np.float64).ravel()
@@ -82,8 +88,10 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
     new_inf = int(np.count_nonzero(np.isinf(c) & ~np.isinf(r)))
     if new_nan or new_inf:
         failures.append(f"{new_nan} new NaN and {new_inf} new Inf")
+    new_nonfinite = new_nan + new_inf
     if r.size == 0:
         drift.passed, drift.failures = not failures, failures or None
+        drift.score = _NONFINITE * new_nonfinite
         return drift
     both = np.isfinite(r) & np.isfinite(c)
     rf, cf = r[both], c[both]
@@ -112,6 +120,12 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
         elif not constant:
             drift.cosine = 0.0
         bound = tol.atol + tol.rtol * ref_scale
+        drift.bound = bound
+        drift.score = drift.max_abs / bound if bound > 0 else (0.0 if drift.max_abs == 0 else _OTHER_FAILURE)
+        if not constant and rf.size > 1:
+            cosine = drift.cosine if drift.cosine is not None else 0.0
+            gap = 1.0 - cosine
+            drift.score = max(drift.score, gap / (1.0 - tol.min_cosine) if tol.min_cosine < 1 else (0.0 if gap <= 0 else _OTHER_FAILURE))
         if drift.max_abs > bound:
             failures.append(f"max_abs {drift.max_abs:.4g} > {bound:.4g} (atol {tol.atol:g} + rtol {tol.rtol:g} * {ref_scale:.4g})")
         if not constant and rf.size > 1 and (drift.cosine is None or drift.cosine < tol.min_cosine):
@@ -126,4 +140,11 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
         c2 = np.nan_to_num(cand.astype(np.float64)).reshape(-1, ref.shape[-1])
         drift.top1_agreement = float(np.mean(np.argmax(r2, axis=-1) == np.argmax(c2, axis=-1)))
     drift.passed, drift.failures = not failures, failures or None
+    drift.score = max(drift.score, _NONFINITE * new_nonfinite)
+    if failures and drift.score <= 1.0:
+        drift.score = _OTHER_FAILURE
     return drift
+
+
+_NONFINITE = 1e6
+_OTHER_FAILURE = 1e9

@@ -1,0 +1,346 @@
+"""The comparison core that verify, localize and repair share.
+
+Sessions on a reference and on a candidate, or on the candidate's emulation when the provider
+cannot run its precision faithfully; feeds rounded as the candidate holds them; one run per
+input set; per-output drift against a tolerance, and one verdict. Nothing here writes outside a
+private scratch directory (`Scratch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from rlx_onnx_amp.errors import InputError, ModelRunError
+from rlx_onnx_amp.files import ScratchDir
+from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
+from rlx_onnx_amp.types import all_tensors
+from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
+from rlx_onnx_amp.verify.inputs import InputSpec
+from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
+
+__all__ = [
+    "PROVIDERS", "Compared", "Progress", "Scratch", "Session", "VerifyOptions", "compare_outputs", "emulated_model",
+    "emulation_fallback", "emulation_reason", "lowest_precision", "open_compared", "resolve_provider", "round_feeds",
+    "run_samples", "stack_samples", "tolerance_for",
+]
+
+logger = logging.getLogger(__name__)
+
+PROVIDERS: Mapping[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+_AUTO_ORDER = ("cuda", "coreml", "cpu")
+_F32 = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class VerifyOptions:
+    provider: str = "auto"
+    emulate: bool | None = None  # None: when the provider cannot run low precision faithfully
+    inputs: str | None = None
+    spec: InputSpec = field(default_factory=InputSpec)
+    atol: dict[str, float] = field(default_factory=dict)  # "" is the default for every output
+    rtol: dict[str, float] = field(default_factory=dict)
+    min_cosine: dict[str, float] = field(default_factory=dict)
+    localize: bool = False
+    localize_top: int = 10
+    save_inputs: str | None = None
+
+
+def resolve_provider(name: str) -> str:
+    """The short name of the provider to use; an unavailable one is an error, never a fallback."""
+    available = ort.get_available_providers()
+    if name == "auto":
+        return next(p for p in _AUTO_ORDER if PROVIDERS[p] in available)
+    if name not in PROVIDERS:
+        raise InputError(f"--provider: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
+    if PROVIDERS[name] not in available:
+        raise InputError(f"--provider {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})")
+    return name
+
+
+class Session:
+    """An onnxruntime session on a model file. `external` maps external data locations the model
+    reads to files elsewhere: onnxruntime gets their contents from memory (mapped, not copied),
+    since it reads external data files only from the model's own directory."""
+
+    def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+        buffers = [_map_file(path) for path in (external or {}).values()]
+        if buffers:
+            opts.add_external_initializers_from_files_in_memory(list(external or {}), buffers, [len(b) for b in buffers])
+        try:
+            self.session = ort.InferenceSession(model, opts, providers=providers)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises several types
+            raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({_first_line(e)})") from None
+        finally:
+            del buffers
+        used = self.session.get_providers()
+        if used[0] != PROVIDERS[provider]:
+            raise InputError(f"{label}: onnxruntime fell back to {used[0]} instead of {PROVIDERS[provider]}")
+        self.label = label
+        self.inputs = {i.name: i.type for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        typed = {k: _as_input_type(v, self.inputs.get(k, "")) for k, v in feeds.items() if k in self.inputs}
+        names = list(names or self.output_names)
+        try:
+            values = self.session.run(names, typed)
+        except Exception as e:  # noqa: BLE001
+            raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({_first_line(e)})") from None
+        return dict(zip(names, values))
+
+
+def _map_file(path: Path) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:400] if text else type(e).__name__
+
+
+def _as_input_type(value: np.ndarray, ort_type: str) -> np.ndarray:
+    if ort_type == "tensor(float16)" and value.dtype != np.float16:
+        return value.astype(np.float16)
+    if ort_type == "tensor(float)" and value.dtype != np.float32 and value.dtype.kind == "f":
+        return value.astype(np.float32)
+    return value
+
+
+def lowest_precision(low: Mapping[str, int]) -> Precision:
+    kinds = {precision_of_elem_type(t) for t in low.values()}
+    if Precision.BF16 in kinds:
+        return Precision.BF16
+    if Precision.F16 in kinds:
+        return Precision.F16
+    return Precision.F32
+
+
+def tolerance_for(name: str, precision: Precision, options: VerifyOptions) -> Tolerance:
+    info = PRECISIONS[precision]
+    return Tolerance(
+        options.atol.get(name, options.atol.get("", info.atol)),
+        options.rtol.get(name, options.rtol.get("", info.rtol)),
+        options.min_cosine.get(name, options.min_cosine.get("", info.min_cosine)),
+    )
+
+
+#: progress(stage, done, total) for long steps: "rounding weights", "running".
+Progress = Callable[[str, int, int], None]
+
+
+def emulation_reason(emulate: bool | None, provider: str, precision: Precision) -> str | None:
+    """Why a candidate that loads is verified by emulation; None when it runs as it is."""
+    if precision is Precision.F32 or emulate is False:
+        return None
+    if emulate:
+        return "asked with --emulate"
+    return "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic" if provider == "cpu" else None
+
+
+def emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str, precision: Precision) -> str:
+    """Why a candidate the provider cannot load is verified by emulation instead; re-raises
+    `error` when emulation is switched off or the candidate holds nothing in low precision."""
+    if emulate is False or precision is Precision.F32:
+        raise error
+    return f"{provider} cannot run the candidate: {error}"
+
+
+def round_feeds(feeds: Mapping[str, np.ndarray], low: Mapping[str, int]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in feeds.items():
+        precision = precision_of_elem_type(low.get(name, _F32))
+        if precision is not None and precision is not Precision.F32 and value.dtype.kind == "f":
+            value = narrow(value, precision)[0].astype(np.float32)
+        out[name] = value
+    return out
+
+
+def stack_samples(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """One array from an output's value in each input set: stacked when their shapes agree,
+    else (data-dependent shapes) their values one after another."""
+    if len(arrays) == 1:
+        return np.asarray(arrays[0])
+    if len({np.shape(a) for a in arrays}) == 1:
+        return np.stack(arrays)
+    return np.concatenate([np.ravel(a) for a in arrays])
+
+
+class Scratch(ScratchDir):
+    """A private temporary directory (under TMPDIR) for the models a verification derives
+    (emulated candidates, models with exposed intermediates) and their rounded weights. Nothing
+    goes into the user's directories; everything is removed on exit, which the CLI reaches on
+    errors, Ctrl-C and SIGTERM alike."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(prefix)
+        self._count = 0
+        self._workspaces: dict[str, Path] = {}
+
+    def __enter__(self) -> Scratch:
+        return self
+
+    def file(self, name: str) -> Path:
+        """A fresh path in the scratch directory."""
+        self._count += 1
+        return self.dir / f"{self._count}-{name}"
+
+    def workspace(self, base_dir: Path | None) -> Path:
+        """The scratch subdirectory for models derived from the model in `base_dir`."""
+        key = str(Path(base_dir).resolve()) if base_dir is not None else ""
+        if key not in self._workspaces:
+            self._workspaces[key] = self.dir / f"ws{len(self._workspaces)}"
+            self._workspaces[key].mkdir()
+        return self._workspaces[key]
+
+    def session(self, model: onnx.ModelProto, base_dir: Path | None, provider: str, label: str) -> Session:
+        """A session on `model`, saved in the workspace of `base_dir`, the directory of the model
+        it derives from. onnxruntime reads external data only from a model's own directory:
+        the data files in `base_dir` (checked to lie inside it) are hard-linked into the
+        workspace, or, where a link cannot be made (another file system), handed over mapped
+        from memory. Links cost no copy and no memory; a mapped file counts in the resident
+        set while onnxruntime copies it."""
+        ws = self.workspace(base_dir)
+        path = ws / f"{self.file('model.onnx').name}"
+        try:
+            onnx.save(model, str(path))
+        except OSError as e:
+            raise InputError(f"{self.dir}: cannot write a temporary model ({e.strerror}); set TMPDIR to a directory with space") from None
+        files: dict[str, Path] = {}
+        source = WeightSource(base_dir, label)
+        unlinked = False
+        for tensor in all_tensors(model):
+            if not is_external(tensor):
+                continue
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            if location in files:
+                continue
+            own = ws / location
+            if not own.is_file():
+                original = source.external_path(tensor)
+                try:
+                    own.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(original, own)
+                except OSError:
+                    unlinked = True
+                    files[location] = original
+                    continue
+            files[location] = own
+        # onnxruntime takes either every external file from memory or none.
+        return Session(str(path), provider, label, files if unlinked else None)
+
+
+_EMULATED_DATA = "rlx-amp-emulated.data"
+
+
+def emulated_model(ref_model: onnx.ModelProto, ref_dir: Path | None, cand_model: onnx.ModelProto, scratch: Scratch,
+                   progress: Progress | None = None, label: str = "reference") -> onnx.ModelProto:
+    """The reference with every value the candidate holds in low precision rounded to it;
+    rounded external weights go to `scratch`, the rest still reads the reference's data."""
+    source = WeightSource(ref_dir, label)
+    sink: WeightSink = WeightSink()
+    locations = external_locations(all_tensors(ref_model))
+    if locations:  # rounded weights go to the scratch directory, the rest stays where it is
+        name = _EMULATED_DATA
+        while name in locations:
+            name = "_" + name
+        sink = ExternalSink(scratch.workspace(ref_dir) / name, name)
+    try:
+        step = (lambda done, total: progress("rounding weights", done, total)) if progress is not None else None
+        model, rounded = emulate(ref_model, cand_model, source, sink, progress=step)
+    finally:
+        sink.close()
+    logger.info("emulated candidate: %d values rounded", rounded)
+    return model
+
+
+@dataclass
+class Compared:
+    """What a reference is compared against: the candidate itself, or its emulation."""
+
+    model: onnx.ModelProto  # the model the session runs (the emulated one when emulated)
+    base_dir: Path | None  # where that model's external data is read from
+    session: Session
+    precision: Precision  # the lowest precision the candidate holds
+    low: Mapping[str, int]  # value -> low element type in the candidate
+    emulated: bool
+    reason: str | None  # why it is emulated
+    loaded: bool  # whether the candidate itself loaded on the provider
+
+    @property
+    def feed_low(self) -> Mapping[str, int]:
+        """Inputs the session must get rounded: an emulated candidate takes f32 feeds."""
+        return self.low if self.emulated else {}
+
+    def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.session.run(round_feeds(feeds, self.feed_low) if self.emulated else feeds, names)
+
+
+def open_compared(ref_model: onnx.ModelProto, ref_dir: Path | None, cand_model: onnx.ModelProto, cand_path: Path | None,
+                  provider: str, emulate_option: bool | None, scratch: Scratch, label: str,
+                  progress: Progress | None = None) -> Compared:
+    """A session on the candidate (loaded from `cand_path` when given, else from scratch), or on
+    its emulation when the provider cannot run it faithfully (see `emulation_reason`)."""
+    low = low_precision_values(cand_model)
+    precision = lowest_precision(low)
+    session: Session | None = None
+    loaded = False
+    try:
+        if cand_path is not None:
+            session = Session(str(cand_path), provider, label)
+        else:
+            session = scratch.session(cand_model, ref_dir, provider, label)
+        loaded = True
+        reason = emulation_reason(emulate_option, provider, precision)
+    except ModelRunError as e:
+        reason = emulation_fallback(e, emulate_option, provider, precision)
+    if reason is None:
+        assert session is not None
+        base = cand_path.parent if cand_path is not None else ref_dir
+        return Compared(cand_model, base, session, precision, low, False, None, loaded)
+    session = None  # free it first, so at most two sessions are held
+    model = emulated_model(ref_model, ref_dir, cand_model, scratch, progress)
+    return Compared(model, ref_dir, scratch.session(model, ref_dir, provider, f"emulated {label}"), precision, low, True,
+                    reason, loaded)
+
+
+def run_samples(ref: Session, compared: Compared, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str],
+                progress: Progress | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each output's reference and candidate values over every input set."""
+    collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
+    for k, feeds in enumerate(samples):
+        if progress is not None and k == 0:
+            progress("running", 0, len(samples))
+        r = ref.run(feeds, names)
+        c = compared.run(feeds, names)
+        for n in names:
+            collected[n][0].append(np.asarray(r[n]))
+            collected[n][1].append(np.asarray(c[n]))
+        if progress is not None:
+            progress("running", k + 1, len(samples))  # after the set ran, so the bar ends at 100%
+    return {n: (stack_samples(a), stack_samples(b)) for n, (a, b) in collected.items()}
+
+
+def compare_outputs(results: Mapping[str, tuple[np.ndarray, np.ndarray]], precision: Precision,
+                    options: VerifyOptions) -> list[OutputDrift]:
+    """Per-output drift, failing outputs first; the verdict is that every one passed."""
+    drifts = [compare_arrays(name, ref, cand, tolerance_for(name, precision, options)) for name, (ref, cand) in results.items()]
+    drifts.sort(key=lambda o: (o.passed, o.name))
+    return drifts
