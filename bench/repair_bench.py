@@ -251,7 +251,7 @@ def bench_model(name: str, data_dir: Path, external: bool, peer_timeout: float, 
     # rlx-amp --repair
     out = mdir / "rlx.onnx"
     rep = mdir / "rlx_report.json"
-    for p in (out, out.with_name(out.name + ".data"), rep):
+    for p in (out, out.with_name(out.name + ".data"), *mdir.glob("rlx.onnx.*.data"), rep):
         p.unlink(missing_ok=True)
     run = _run(["rlx-amp", str(model_path), "--policy", "always-f16", "-o", str(out), "--repair", "--inputs",
                 str(feeds_path), "--provider", "cpu", "--report-json", str(rep)], mdir / "rlx.log", rlx_timeout)

@@ -36,6 +36,7 @@ JSON goes to bench/out/ (gitignored).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -196,8 +197,14 @@ def _warm(paths: list[Path]) -> float:
     return time.perf_counter() - t0
 
 
+def _data_files(out: Path) -> list[Path]:
+    """The data files beside `out` that belong to it: the peers' OUT.data, rlx-amp's
+    content-named OUT.<hash>.data."""
+    return [p for p in (out.with_name(out.name + ".data"), *out.parent.glob(glob.escape(out.name) + ".*.data")) if p.exists()]
+
+
 def _outputs(out: Path) -> list[Path]:
-    return [out, out.with_name(out.name + ".data")]
+    return [out, *_data_files(out)]
 
 
 def _summarize_output(out: Path) -> dict:
@@ -205,9 +212,9 @@ def _summarize_output(out: Path) -> dict:
     import onnx
 
     info: dict = {"model_mb": None, "data_mb": None}
-    data = out.with_name(out.name + ".data")
-    if data.exists():
-        info["data_mb"] = round(data.stat().st_size / 1e6, 1)
+    data = _data_files(out)
+    if data:
+        info["data_mb"] = round(sum(p.stat().st_size for p in data) / 1e6, 1)
     if not out.exists():
         return info
     info["model_mb"] = round(out.stat().st_size / 1e6, 2)
