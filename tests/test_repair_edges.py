@@ -1,0 +1,116 @@
+"""Repair and localization on the edges real models reach (issue 11): data-dependent shapes
+that change under f16, a region whose activations all underflow, every budget from 1 to 6, and
+a passing model with a clamped mask constant.
+
+Each repair case checks the exit code, that the written model is the best candidate evaluated
+(by `repair.best_key`) and that its verified score is that candidate's score, and the kept set.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fixtures.make_fixtures import DEMO, REPAIR_CASES
+from tests.test_repair import _cancellation_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rlx(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def _save(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(REPAIR_CASES[name]().model, str(path))
+    return path
+
+
+def _best(history: list[dict]) -> dict:
+    """The README's rule: passing beats failing; then fewest kept, lowest score, earliest."""
+    return min(history, key=lambda h: (0, h["kept"], h["score"], h["evaluation"]) if h["passed"] else (1, 0, h["score"], h["evaluation"]))
+
+
+def _repaired(tmp_path: Path, src: Path, *extra: str, expect: int | None) -> dict:
+    """Run --repair; `expect` None accepts 0 (passed) or 1 (drift left), each matching the report."""
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    result = rlx(src, "--policy", "always-f16", "-o", out, "--repair", "--provider", "cpu", "--report-json", report, *extra)
+    assert result.returncode in ((0, 1) if expect is None else (expect,)), result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    data = json.loads(report.read_text())
+    rep, ver = data["repair"], data["verify"]
+    best = _best(rep["history"])
+    assert rep["best"]["evaluation"] == best["evaluation"]
+    assert [h["evaluation"] for h in rep["history"] if h["written"]] == [best["evaluation"]]
+    assert rep["evaluations"] == len(rep["history"])
+    # The written model, verified again, is that candidate: same verdict, same score.
+    assert ver["passed"] == best["passed"] == rep["passed"] == (result.returncode == 0)
+    assert max(o["score"] for o in ver["outputs"]) == pytest.approx(best["score"], rel=1e-6, abs=1e-12)
+    assert len(rep["kept_f32"]) == best["kept"]
+    assert all(k["op"] != "?" for k in rep["kept_f32"])
+    onnx.checker.check_model(str(out), full_check=True)
+    return data
+
+
+def test_shapes_that_depend_on_data_are_a_finding(tmp_path: Path) -> None:
+    src = _save(tmp_path, "data_dependent_shapes")
+    result = rlx(src, "--policy", "always-f16", "-o", tmp_path / "o.onnx", "--verify", "--localize", "--provider", "cpu",
+                 "--report-json", tmp_path / "v.json")
+    assert result.returncode == 1, result.stderr
+    verify = json.loads((tmp_path / "v.json").read_text())["verify"]
+    assert {o["name"]: o["failures"][0].startswith("shape ") for o in verify["outputs"]} == {"selected": True, "top": True}
+    by_node = {f["node"]: f for f in verify["localized"]}
+    assert by_node["unshift"]["reason"] == "drift jumps"  # where the values start to move
+    for node in ("select", "topk"):  # where the lengths start to differ: both shapes, no element-wise compare
+        f = by_node[node]
+        assert f["reason"] == "shape differs" and f["reference_shape"] != f["candidate_shape"]
+        assert len(f["reference_shape"]) == len(f["candidate_shape"]) == 1
+    data = _repaired(tmp_path, src, expect=0)
+    assert {k["node"]: (k["op"], k["reason"]) for k in data["repair"]["kept_f32"]} == {"shift": ("Add", "drift")}
+    assert data["repair"]["minimality"] == "checked"
+
+
+def test_a_region_that_underflows_is_kept_by_the_screen(tmp_path: Path) -> None:
+    src = _save(tmp_path, "tiny_tail")
+    assert rlx(src, "--policy", "always-f16", "-o", tmp_path / "o.onnx", "--verify", "--provider", "cpu").returncode == 1
+    data = _repaired(tmp_path, src, expect=0)
+    rep = data["repair"]
+    assert rep["history"][1]["stage"] == "magnitude screen" and rep["history"][1]["passed"]  # not blind halving
+    assert {k["reason"] for k in rep["kept_f32"]} == {"underflow"}
+    kept = {k["node"] for k in rep["kept_f32"]}
+    assert {"fc5", "fc6", "fc7"} <= kept and not kept & {"fc0", "fc1", "fc2", "fc3", "fc4"}
+    assert rep["compute_low_share"] >= 0.5 and rep["evaluations"] <= 24
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 4, 5, 6])
+def test_every_budget_writes_the_best_candidate(tmp_path: Path, budget: int) -> None:
+    """The cancellation model needs localization and bisection: each budget stops somewhere
+    else in the search, and none crashes or writes a worse model than one it saw."""
+    src = tmp_path / "cancel.onnx"
+    onnx.save(_cancellation_model(), str(src))
+    data = _repaired(tmp_path, src, "--repair-budget", str(budget), expect=None)
+    rep = data["repair"]
+    assert rep["evaluations"] <= budget
+    if budget == 1:
+        assert rep["kept_f32"] == [] and not rep["passed"]  # the policy's own model, which drifts
+    if rep["passed"]:
+        assert "shift" in {k["node"] for k in rep["kept_f32"]}
+
+
+def test_localize_sees_no_drift_at_a_clamped_mask(tmp_path: Path) -> None:
+    """The demo's -1e9 attention mask is clamped to -65504 in f16, which the softmax does not
+    notice: the model passes, and localization names no node (the Constant cannot be kept, and
+    values past f16's range that stay finite are the clamping the report already lists)."""
+    demo = REPO / "fixtures" / "models" / DEMO
+    result = rlx(demo, "--policy", "always-f16", "-o", tmp_path / "o.onnx", "--verify", "--localize", "--provider", "cpu",
+                 "--report-json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["clamped"] and data["verify"]["passed"]
+    assert data["verify"]["localized"] == []
