@@ -10,21 +10,53 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlx_onnx_amp.api import convert, convert_file, load_model, make_options
-    from rlx_onnx_amp.convert import ConvertOptions
-    from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError, PolicyError
-    from rlx_onnx_amp.kernels import Target
-    from rlx_onnx_amp.policy import POLICY_NAMES, Policy, policy_from_name
-    from rlx_onnx_amp.precision import Precision
-    from rlx_onnx_amp.report import ConversionReport
-    from rlx_onnx_amp.taxonomy import OpKind
+    from rlx_onnx_amp.api import (
+        convert as convert,
+    )
+    from rlx_onnx_amp.api import (
+        convert_file as convert_file,
+    )
+    from rlx_onnx_amp.api import (
+        load_model as load_model,
+    )
+    from rlx_onnx_amp.api import (
+        make_options as make_options,
+    )
+    from rlx_onnx_amp.convert import ConvertOptions as ConvertOptions
+    from rlx_onnx_amp.errors import (
+        AmpError as AmpError,
+    )
+    from rlx_onnx_amp.errors import (
+        InputError as InputError,
+    )
+    from rlx_onnx_amp.errors import (
+        ModelRunError as ModelRunError,
+    )
+    from rlx_onnx_amp.errors import (
+        PolicyError as PolicyError,
+    )
+    from rlx_onnx_amp.kernels import Target as Target
+    from rlx_onnx_amp.policy import POLICY_NAMES as POLICY_NAMES
+    from rlx_onnx_amp.policy import Policy as Policy
+    from rlx_onnx_amp.policy import policy_from_name as policy_from_name
+    from rlx_onnx_amp.precision import Precision as Precision
+    from rlx_onnx_amp.report import ConversionReport as ConversionReport
+    from rlx_onnx_amp.taxonomy import OpKind as OpKind
 
 _HOMES = {
-    "convert": "api", "convert_file": "api", "load_model": "api", "make_options": "api",
+    "convert": "api",
+    "convert_file": "api",
+    "load_model": "api",
+    "make_options": "api",
     "ConvertOptions": "convert",
-    "AmpError": "errors", "InputError": "errors", "ModelRunError": "errors", "PolicyError": "errors",
+    "AmpError": "errors",
+    "InputError": "errors",
+    "ModelRunError": "errors",
+    "PolicyError": "errors",
     "Target": "kernels",
-    "POLICY_NAMES": "policy", "Policy": "policy", "policy_from_name": "policy",
+    "POLICY_NAMES": "policy",
+    "Policy": "policy",
+    "policy_from_name": "policy",
     "Precision": "precision",
     "ConversionReport": "report",
     "OpKind": "taxonomy",

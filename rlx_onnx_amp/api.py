@@ -24,7 +24,16 @@ from rlx_onnx_amp.taxonomy import OpKind
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes
 from rlx_onnx_amp.types import all_tensors
 
-__all__ = ["StagedModel", "convert", "plan_model_reads", "convert_file", "load_model", "make_options", "resolve_policy", "stage_conversion"]
+__all__ = [
+    "StagedModel",
+    "convert",
+    "convert_file",
+    "load_model",
+    "make_options",
+    "plan_model_reads",
+    "resolve_policy",
+    "stage_conversion",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +88,9 @@ def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[Model
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
-        raise InputError(f"{p}: not a valid ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'})") from None
+        raise InputError(
+            f"{p}: not a valid ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'})"
+        ) from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise InputError(f"{p}: not a valid ONNX model (no graph)")
     if not model.opset_import:
@@ -102,7 +113,7 @@ def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -
     paths.read(path, role)
     if not os.path.isfile(path):
         return  # loading it later says what is wrong
-    model, tensors = _load(path, False)
+    _, tensors = _load(path, False)
     source = WeightSource(Path(path).parent, str(path))
     for tensor in tensors:
         if is_external(tensor):
@@ -161,8 +172,19 @@ def convert_file(
     """
     paths = RunPaths()
     with OutputSet() as outputs:
-        staged = stage_conversion(input_path, output_path, outputs, paths, policy, kind_map=kind_map, options=options,
-                                  data_name=data_name, check=check, report=report, progress=progress)
+        staged = stage_conversion(
+            input_path,
+            output_path,
+            outputs,
+            paths,
+            policy,
+            kind_map=kind_map,
+            options=options,
+            data_name=data_name,
+            check=check,
+            report=report,
+            progress=progress,
+        )
         outputs.commit()
     return staged.report
 
@@ -227,7 +249,9 @@ def stage_conversion(
 
     try:
         try:
-            convert_model(model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report, progress=step)
+            convert_model(
+                model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report, progress=step
+            )
         finally:
             sink.close()
         data_names: list[str] = []
@@ -256,6 +280,11 @@ def stage_conversion(
     except OSError as e:
         raise InputError(f"{dst}: cannot write output ({e.strerror or e})") from None
     outputs.model_uses(dst, data_names)
+    report.data_files = data_names
+    if logger.isEnabledFor(logging.INFO):
+        for kept in report.kept_f32:
+            logger.info("kept f32: %s (%s, path %s): %s", kept.node, kept.op, kept.path, kept.reason)
+        logger.info("%d Casts inserted, %d nodes kept f32", report.casts_inserted, len(report.kept_f32))
     logger.info("converted %s (staged as %s)", dst, staged_model)
     return StagedModel(staged_model, dst, report)
 

@@ -12,6 +12,7 @@ paths it reads before work starts, and all outputs are committed together at the
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from rlx_onnx_amp import render
 from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion
@@ -46,6 +48,12 @@ class _DefaultGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            first = args[0]
+            close = difflib.get_close_matches(first, list(self.commands), n=1, cutoff=0.75)
+            if close and not os.path.exists(first) and not first.lower().endswith(".onnx"):
+                raise click.UsageError(
+                    f"no command {first!r}; did you mean {close[0]!r}? (a model file {first!r} does not exist)"
+                )
             args = ["convert", *args]
         return super().parse_args(ctx, args)
 
@@ -68,16 +76,24 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
         _fail("interrupted; nothing written", EXIT_SIGINT)
     except Terminated:
         _fail("terminated; nothing written", EXIT_SIGTERM)
-    except Exception as e:  # noqa: BLE001 - the last line of defence: classify, never exit 1
+    except Exception as e:
         invalid = _invalid_input(inputs)
         if invalid is not None:
             _fail(invalid)
         traceback.print_exc()
-        _fail(f"internal error ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); this is a bug in rlx-amp, "
-              "please report it with the model", EXIT_INTERNAL)
+        _fail(
+            f"internal error ({type(e).__name__}: {_first_line(e)}); this is a bug in rlx-amp, "
+            "please report it with the model",
+            EXIT_INTERNAL,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else ""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -91,7 +107,7 @@ def _invalid_input(models: Sequence[str]) -> str | None:
     for model in models:
         try:
             onnx.checker.check_model(model, full_check=True)
-        except Exception as e:  # noqa: BLE001 - the checker raises several types
+        except Exception as e:
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             return f"{model}: not a valid ONNX model (onnx.checker: {first}); nothing written"
     return None
@@ -110,14 +126,23 @@ def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
 
 def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option(
-        "--target", default="cuda", show_default=True, metavar="cuda|cpu",
+        "--target",
+        default="cuda",
+        show_default=True,
+        metavar="cuda|cpu",
         help="Execution provider the model is meant for: a node without an onnxruntime kernel there "
-             "for its low precision stays f32 (bf16 needs this: onnxruntime's CPU provider has few bf16 kernels).",
+        "for its low precision stays f32 (bf16 needs this: onnxruntime's CPU provider has few bf16 kernels).",
     )(f)
     f = click.option("--map-file", "map_file", metavar="FILE", help="JSON or TOML kind map for --policy custom.")(f)
-    f = click.option("--map", "map_text", metavar="KIND=P,...", help="Kind map for --policy custom, e.g. compute=f16,reduction=f32.")(f)
     f = click.option(
-        "--policy", "-p", default="auto-mixed", show_default=True, metavar="|".join(POLICY_NAMES),
+        "--map", "map_text", metavar="KIND=P,...", help="Kind map for --policy custom, e.g. compute=f16,reduction=f32."
+    )(f)
+    f = click.option(
+        "--policy",
+        "-p",
+        default="auto-mixed",
+        show_default=True,
+        metavar="|".join(POLICY_NAMES),
         help="Precision policy.",
     )(f)
     return f
@@ -142,37 +167,94 @@ def _per_output(option: str, values: Sequence[str], low: float = 0.0, high: floa
 
 def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--provider", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda", "coreml"]),
-                     help="onnxruntime execution provider; auto picks CUDA, then CoreML, then CPU."),
-        click.option("--emulate/--no-emulate", default=None,
-                     help="Verify an emulated candidate (the f32 graph with low-precision values rounded). "
-                          "Default: when the provider cannot run the candidate, or is the CPU provider."),
-        click.option("--inputs", "inputs_path", metavar="FILE.npz|DIR", help="Inputs: an .npz of name -> array, or a directory of input_N.pb."),
+        click.option(
+            "--provider",
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "cpu", "cuda", "coreml"]),
+            help="onnxruntime execution provider; auto picks CUDA, then CoreML, then CPU.",
+        ),
+        click.option(
+            "--emulate/--no-emulate",
+            default=None,
+            help="Verify an emulated candidate (the f32 graph with low-precision values rounded). "
+            "Default: when the provider cannot run the candidate, or is the CPU provider.",
+        ),
+        click.option(
+            "--inputs",
+            "inputs_path",
+            metavar="FILE.npz|DIR",
+            help="Inputs: an .npz of name -> array, or a directory of input_N.pb.",
+        ),
         click.option("--seed", default=0, show_default=True, help="Seed of synthesized inputs."),
         click.option("--samples", default=1, show_default=True, help="Number of synthesized input sets."),
-        click.option("--shape", "shapes", multiple=True, metavar="NAME:1x128", help="Shape of an input with dynamic dimensions."),
-        click.option("--input-range", "ranges", multiple=True, metavar="NAME:LO,HI", help="Value range of a synthesized input."),
+        click.option(
+            "--shape", "shapes", multiple=True, metavar="NAME:1x128", help="Shape of an input with dynamic dimensions."
+        ),
+        click.option(
+            "--input-range", "ranges", multiple=True, metavar="NAME:LO,HI", help="Value range of a synthesized input."
+        ),
         click.option("--save-inputs", metavar="FILE.npz", help="Write the inputs used."),
         click.option("--atol", multiple=True, metavar="[NAME:]X", help="Absolute tolerance, global or per output."),
-        click.option("--rtol", multiple=True, metavar="[NAME:]X", help="Relative tolerance (times max|reference|), global or per output."),
-        click.option("--min-cosine", multiple=True, metavar="[NAME:]X", help="Minimum cosine similarity, global or per output."),
-        click.option("--localize", is_flag=True, help="Compare every shared intermediate tensor and name the first nodes where drift jumps."),
+        click.option(
+            "--rtol-of-max",
+            multiple=True,
+            metavar="[NAME:]X",
+            help="Tolerance relative to max|reference|: max_abs <= atol + X * max|reference| (the default check).",
+        ),
+        click.option(
+            "--rtol",
+            multiple=True,
+            metavar="[NAME:]X",
+            help="Element-wise relative tolerance, as in np.allclose and Polygraphy: |c - r| <= atol + X * |r| "
+            "for every element (off unless given).",
+        ),
+        click.option(
+            "--min-cosine", multiple=True, metavar="[NAME:]X", help="Minimum cosine similarity, global or per output."
+        ),
+        click.option(
+            "--localize",
+            is_flag=True,
+            help="Compare every shared intermediate tensor and name the first nodes where drift jumps.",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def _make_verify_options(provider: str, emulate: bool | None, inputs_path: str | None, seed: int, samples: int,
-                         shapes: Sequence[str], ranges: Sequence[str], save_inputs: str | None, atol: Sequence[str],
-                         rtol: Sequence[str], min_cosine: Sequence[str], localize: bool) -> VerifyOptions:
+def _make_verify_options(
+    provider: str,
+    emulate: bool | None,
+    inputs_path: str | None,
+    seed: int,
+    samples: int,
+    shapes: Sequence[str],
+    ranges: Sequence[str],
+    save_inputs: str | None,
+    atol: Sequence[str],
+    rtol_of_max: Sequence[str],
+    rtol: Sequence[str],
+    min_cosine: Sequence[str],
+    localize: bool,
+) -> VerifyOptions:
     if samples < 1:
         raise InputError("--samples must be at least 1")
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
     spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
-    options = VerifyOptions(provider, emulate, inputs_path, spec, _per_output("--atol", atol), _per_output("--rtol", rtol),
-                            _per_output("--min-cosine", min_cosine, -1.0, 1.0), localize, save_inputs=save_inputs)
+    options = VerifyOptions(
+        provider=provider,
+        emulate=emulate,
+        inputs=inputs_path,
+        spec=spec,
+        atol=_per_output("--atol", atol),
+        rtol=_per_output("--rtol", rtol),
+        min_cosine=_per_output("--min-cosine", min_cosine, -1.0, 1.0),
+        localize=localize,
+        save_inputs=save_inputs,
+        rtol_of_max=_per_output("--rtol-of-max", rtol_of_max),
+    )
     resolve_provider(provider)  # an unavailable provider is exit 2 before any work
     if inputs_path is not None and not os.path.exists(inputs_path):
         raise InputError(f"--inputs: {inputs_path}: no such file or directory")
@@ -183,8 +265,13 @@ def _json_text(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, default=str) + "\n"
 
 
-def _plan_reports(paths: RunPaths, report_json: str | None, report_md: str | None,
-                  verify_options: VerifyOptions | None, map_file: str | None = None) -> None:
+def _plan_reports(
+    paths: RunPaths,
+    report_json: str | None,
+    report_md: str | None,
+    verify_options: VerifyOptions | None,
+    map_file: str | None = None,
+) -> None:
     """Add the run's other files to its plan: reports and saved inputs written, map and input files read."""
     for path, role in ((report_json, "--report-json file"), (report_md, "--report-md file")):
         if path:
@@ -221,83 +308,282 @@ def main() -> None:
 @click.option("-o", "--output", metavar="OUT", help="Output model path (one MODEL).")
 @click.option("--out-dir", metavar="DIR", help="Output directory (several MODELs); outputs keep their file names.")
 @click.option("--keep-f32-op", multiple=True, metavar="OP", help="Keep every node of this op type in f32 (repeatable).")
-@click.option("--keep-f32-node", multiple=True, metavar="REGEX", help="Keep nodes whose name matches in f32 (repeatable).")
-@click.option("--keep-io-types/--no-keep-io-types", default=True, show_default=True, help="Graph inputs and outputs keep their element type.")
-@click.option("--data-name", metavar="NAME", help="External data file name for the output (default OUT.data).")
+@click.option(
+    "--keep-f32-node", multiple=True, metavar="REGEX", help="Keep nodes whose name matches in f32 (repeatable)."
+)
+@click.option(
+    "--keep-io-types/--no-keep-io-types",
+    default=True,
+    show_default=True,
+    help="Graph inputs and outputs keep their element type.",
+)
+@click.option(
+    "--data-name", metavar="NAME", help="Exact external data file name for the output (default OUT.<hash>.data)."
+)
 @click.option("--report-json", metavar="PATH", help="Write the conversion report as JSON.")
 @click.option("--report-md", metavar="PATH", help="Write a Markdown summary (with --verify: the drift report).")
-@click.option("--verify", "do_verify", is_flag=True, help="Verify each output against its input model (drift report, exit 1 on drift).")
-@click.option("--repair", "do_repair", is_flag=True, help="Verify, and keep the nodes responsible for drift in f32 until it passes.")
-@click.option("--repair-budget", default=DEFAULT_BUDGET, show_default=True, help="Most candidate evaluations --repair may use.")
+@click.option(
+    "--verify",
+    "do_verify",
+    is_flag=True,
+    help="Verify each output against its input model (drift report, exit 1 on drift).",
+)
+@click.option(
+    "--repair",
+    "do_repair",
+    is_flag=True,
+    help="Verify, and keep the nodes responsible for drift in f32 until it passes.",
+)
+@click.option(
+    "--repair-budget", default=DEFAULT_BUDGET, show_default=True, help="Most candidate evaluations --repair may use."
+)
 @_verify_options
 @click.option("--quiet", "-q", is_flag=True, help="No table, no progress.")
 @click.option("-v", "--verbose", count=True, help="Log what the rewrite does (-vv for debug).")
-def convert_cmd(models: Sequence[str], policy: str, map_text: str | None, map_file: str | None, target: str,
-                output: str | None, out_dir: str | None, keep_f32_op: Sequence[str], keep_f32_node: Sequence[str],
-                keep_io_types: bool, data_name: str | None, report_json: str | None, report_md: str | None,
-                do_verify: bool, do_repair: bool, repair_budget: int, quiet: bool, verbose: int, **verify_kwargs: Any) -> None:
+def convert_cmd(
+    models: Sequence[str],
+    policy: str,
+    map_text: str | None,
+    map_file: str | None,
+    target: str,
+    output: str | None,
+    out_dir: str | None,
+    keep_f32_op: Sequence[str],
+    keep_f32_node: Sequence[str],
+    keep_io_types: bool,
+    data_name: str | None,
+    report_json: str | None,
+    report_md: str | None,
+    do_verify: bool,
+    do_repair: bool,
+    repair_budget: int,
+    quiet: bool,
+    verbose: int,
+    **verify_kwargs: Any,
+) -> None:
     """Convert MODEL to mixed precision under a policy."""
     _setup_logging(verbose)
+    ctx = click.get_current_context()
 
     def run() -> int:
+        _refuse_idle_options(ctx, do_verify, do_repair)
         resolved = _policy(policy, map_text, map_file)
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target)
         verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
         targets = _output_paths(models, output, out_dir)
+        if data_name is not None and len(models) > 1:
+            raise InputError("--data-name names one output's data file; with several models each gets its own")
         paths = RunPaths()
         for src, dst in zip(models, targets):
             paths.read(src, "input model")
             paths.write(dst, "output model")
         _plan_reports(paths, report_json, report_md, verify_options, map_file)
         paths.check()
-        one_data_name = data_name if len(models) == 1 else None
-        reports: list[ConversionReport] = []
-        verified: list[tuple[ConversionReport, VerifyReport]] = []
+        job = _ConvertJob(resolved, options, verify_options, do_repair, repair_budget, data_name, quiet, verbose, paths)
+        batch = len(models) > 1
         with OutputSet(paths.protected()) as outputs:
             for src, dst in zip(models, targets):
-                if do_repair:
-                    assert verify_options is not None
-                    report, result, repaired = repair_file(
-                        src, dst, resolved, options=options, verify_options=verify_options, budget=repair_budget,
-                        data_name=one_data_name, outputs=outputs, paths=paths,
-                        progress=None if quiet else (lambda line: click.echo(f"repair: {line}", err=True)))
-                    reports.append(report)
-                    verified.append((report, result))
-                    if not quiet:
-                        click.echo(render.conversion_table(report))
-                        click.echo(render.repair_summary(repaired))
-                        click.echo(render.verify_table(result))
+                if not batch:  # one model: model and reports are committed together
+                    job.convert(src, dst, outputs)
                     continue
-                with _Progress(f"converting {Path(src).name}", enabled=not quiet) as progress:
-                    staged = stage_conversion(src, dst, outputs, paths, resolved, options=options, data_name=one_data_name,
-                                              progress=progress)
-                report = staged.report
-                reports.append(report)
-                if not quiet:
-                    click.echo(render.conversion_table(report))
-                if verify_options is not None:
-                    _status(f"verifying {dst} against {src} ...", enabled=not quiet)
-                    with _StagedProgress(enabled=not quiet) as verify_progress:
-                        result = verify(src, staged.path, verify_options, progress=verify_progress, candidate_label=str(dst),
-                                        outputs=outputs)
-                    report.verify = result.to_json()
-                    verified.append((report, result))
-                    if not quiet:
-                        click.echo(render.verify_table(result))
-            payload = reports[0].to_json() if len(reports) == 1 else {"models": [r.to_json() for r in reports]}
+                try:  # several: each model is committed on its own, a failure is reported and the rest go on
+                    with OutputSet(paths.protected()) as own:
+                        job.convert(src, dst, own)
+                        own.commit()
+                except AmpError as e:
+                    job.fail(src, str(e), e.exit_code)
+                except Exception as e:
+                    job.crash(src, e)
             if report_json:
-                outputs.write_text(report_json, _json_text(payload))
+                outputs.write_text(report_json, _json_text(job.json(batch)))
             if report_md:
-                outputs.write_text(report_md, render.verify_markdown(verified) if verified else render.conversion_markdown(reports))
+                outputs.write_text(report_md, job.markdown())
             outputs.commit()
-        if len(verified) > 1 and not quiet:
-            failed = [v.candidate for _, v in verified if not v.passed]
-            click.echo(f"{len(verified) - len(failed)} of {len(verified)} models passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
-        return EXIT_DRIFT if any(not v.passed for _, v in verified) else EXIT_OK
+        job.summary(batch)
+        return job.exit_code()
 
     _run_guarded(run, models)
+
+
+#: Options that only mean something with --verify or --repair (parameter name -> flag).
+_VERIFY_ONLY = {
+    "provider": "--provider",
+    "emulate": "--emulate/--no-emulate",
+    "inputs_path": "--inputs",
+    "seed": "--seed",
+    "samples": "--samples",
+    "shapes": "--shape",
+    "ranges": "--input-range",
+    "save_inputs": "--save-inputs",
+    "atol": "--atol",
+    "rtol_of_max": "--rtol-of-max",
+    "rtol": "--rtol",
+    "min_cosine": "--min-cosine",
+    "localize": "--localize",
+}
+
+
+def _refuse_idle_options(ctx: click.Context, do_verify: bool, do_repair: bool) -> None:
+    """Options that would do nothing are an error, never silently ignored."""
+    given = [
+        flag for name, flag in _VERIFY_ONLY.items() if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    ]
+    if given and not (do_verify or do_repair):
+        raise InputError(f"{given[0]} needs --verify or --repair")
+    if ctx.get_parameter_source("repair_budget") is not ParameterSource.DEFAULT and not do_repair:
+        raise InputError("--repair-budget needs --repair")
+
+
+#: Exit codes from least to most severe: a batch exits with the worst of its models.
+_SEVERITY = (EXIT_OK, EXIT_DRIFT, EXIT_USAGE, 3, EXIT_INTERNAL)
+
+
+class _ConvertJob:
+    """The models of one convert command: converts (verifies, repairs) each, prints its tables,
+    and remembers what each came to for the reports and the exit code."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        options: Any,
+        verify_options: VerifyOptions | None,
+        repair: bool,
+        budget: int,
+        data_name: str | None,
+        quiet: bool,
+        verbose: int,
+        paths: RunPaths,
+    ) -> None:
+        self.policy, self.options, self.verify_options = policy, options, verify_options
+        self.repair, self.budget, self.data_name = repair, budget, data_name
+        self.quiet, self.verbose, self.paths = quiet, verbose, paths
+        self.reports: list[ConversionReport] = []
+        self.verified: list[tuple[ConversionReport, VerifyReport]] = []
+        self.failed: list[tuple[str, str, int]] = []  # (model, error, exit code)
+
+    def convert(self, src: str, dst: str, outputs: OutputSet) -> None:
+        if self.repair:
+            assert self.verify_options is not None
+            report, result, repaired = repair_file(
+                src,
+                dst,
+                self.policy,
+                options=self.options,
+                verify_options=self.verify_options,
+                budget=self.budget,
+                data_name=self.data_name,
+                outputs=outputs,
+                paths=self.paths,
+                progress=None if self.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
+            )
+            self._warn_idle(report)
+            self.reports.append(report)
+            self.verified.append((report, result))
+            if not self.quiet:
+                click.echo(render.conversion_table(report))
+                click.echo(render.repair_summary(repaired))
+            self._show(result)
+            return
+        with _Progress(f"converting {Path(src).name}", enabled=not self.quiet) as progress:
+            staged = stage_conversion(
+                src,
+                dst,
+                outputs,
+                self.paths,
+                self.policy,
+                options=self.options,
+                data_name=self.data_name,
+                progress=progress,
+            )
+        report = staged.report
+        self._warn_idle(report)
+        if not self.quiet:
+            click.echo(render.conversion_table(report))
+        if self.verify_options is not None:
+            _status(f"verifying {dst} against {src} ...", enabled=not self.quiet)
+            with _StagedProgress(enabled=not self.quiet) as verify_progress:
+                result = verify(
+                    src,
+                    staged.path,
+                    self.verify_options,
+                    progress=verify_progress,
+                    candidate_label=str(dst),
+                    outputs=outputs,
+                )
+            report.verify = result.to_json()
+            self.verified.append((report, result))
+            self._show(result)
+        self.reports.append(report)
+
+    def _show(self, result: VerifyReport) -> None:
+        if not self.quiet:
+            click.echo(render.verify_table(result, verbose=self.verbose > 0))
+        elif not result.passed:  # -q still says that something failed, in one line
+            failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in result.outputs if not o.passed]
+            click.echo(f"FAILED {result.candidate}: {'; '.join(failed) or 'no output compared'}")
+
+    def _warn_idle(self, report: ConversionReport) -> None:
+        """Options that matched nothing in this model: a warning, since they may match others."""
+        ops = {op.rpartition(".")[2] for op in report.by_op}
+        for op in self.options.keep_f32_ops:
+            if op not in ops:
+                close = difflib.get_close_matches(op, sorted(ops), n=3)
+                hint = f" (close: {', '.join(close)})" if close else ""
+                _warn(f"--keep-f32-op {op}: {report.model} has no {op} node{hint}")
+        for pattern in self.options.keep_f32_nodes:
+            if not any(k.reason == f"user: --keep-f32-node {pattern}" for k in report.kept_f32):
+                _warn(f"--keep-f32-node {pattern}: no node of {report.model} that the policy lowers matches")
+        if self.data_name is not None and not report.data_files:
+            _warn(f"--data-name {self.data_name}: {report.output} is written without external data")
+
+    def fail(self, src: str, message: str, code: int) -> None:
+        self.failed.append((src, message, code))
+        click.echo(f"rlx-amp: error: {message}", err=True)
+
+    def crash(self, src: str, e: Exception) -> None:
+        invalid = _invalid_input([src])
+        if invalid is not None:
+            self.fail(src, invalid, EXIT_USAGE)
+            return
+        traceback.print_exc()
+        self.fail(
+            src, f"internal error ({type(e).__name__}: {_first_line(e)}); this is a bug in rlx-amp", EXIT_INTERNAL
+        )
+
+    def exit_code(self) -> int:
+        codes = [EXIT_DRIFT if not v.passed else EXIT_OK for _, v in self.verified] + [c for _, _, c in self.failed]
+        return max(codes, key=lambda c: _SEVERITY.index(c) if c in _SEVERITY else len(_SEVERITY), default=EXIT_OK)
+
+    def json(self, batch: bool) -> dict[str, Any]:
+        if not batch:
+            return self.reports[0].to_json()
+        return {
+            "models": [r.to_json() for r in self.reports],
+            "failed": [{"model": m, "error": e, "exit_code": c} for m, e, c in self.failed],
+            "passed": self.exit_code() == EXIT_OK,
+            "exit_code": self.exit_code(),
+        }
+
+    def markdown(self) -> str:
+        failed = [(m, e) for m, e, _ in self.failed]
+        if self.verified or (failed and self.verify_options is not None):
+            return render.verify_markdown(self.verified, failed)
+        return render.conversion_markdown(self.reports, failed)
+
+    def summary(self, batch: bool) -> None:
+        if not batch:
+            return
+        bad = [v.candidate for _, v in self.verified if not v.passed] + [m for m, _, _ in self.failed]
+        total = len(self.reports) + len(self.failed)
+        if bad or not self.quiet:
+            word = "passed" if self.verify_options is not None else "converted"
+            click.echo(f"{total - len(bad)} of {total} models {word}" + (f"; failed: {', '.join(bad)}" if bad else ""))
+
+
+def _warn(message: str) -> None:
+    click.echo(f"rlx-amp: warning: {message}", err=True)
 
 
 def _status(line: str, enabled: bool) -> None:
@@ -323,7 +609,9 @@ class _Progress:
         if not self.enabled or total < self.min_total:
             return
         if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=False, show_percent=True)
+            self.bar = click.progressbar(
+                length=total, label=self.label, file=sys.stderr, show_pos=False, show_percent=True
+            )
             self.bar.__enter__()
         self.bar.update(done - self.shown)
         self.shown = done
@@ -348,7 +636,10 @@ class _StagedProgress:
         if stage != self.stage:
             self.__exit__()
             # Bars only for work long enough to watch: many weights, or several input sets.
-            self.stage, self.bar = stage, _Progress(stage, self.enabled, min_total=64 if stage == "rounding weights" else 4)
+            self.stage, self.bar = (
+                stage,
+                _Progress(stage, self.enabled, min_total=64 if stage == "rounding weights" else 4),
+            )
         assert self.bar is not None
         self.bar(done, total)
 
@@ -385,8 +676,15 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
 @click.option("--report-md", metavar="PATH", help="Write the drift report as Markdown.")
 @click.option("--quiet", "-q", is_flag=True, help="No table.")
 @click.option("-v", "--verbose", count=True)
-def verify_cmd(reference: str, candidate: str, report_json: str | None, report_md: str | None, quiet: bool, verbose: int,
-               **verify_kwargs: Any) -> None:
+def verify_cmd(
+    reference: str,
+    candidate: str,
+    report_json: str | None,
+    report_md: str | None,
+    quiet: bool,
+    verbose: int,
+    **verify_kwargs: Any,
+) -> None:
     """Compare CANDIDATE against REFERENCE on the same inputs."""
     _setup_logging(verbose)
 
@@ -402,7 +700,10 @@ def verify_cmd(reference: str, candidate: str, report_json: str | None, report_m
             with _StagedProgress(enabled=not quiet) as progress:
                 result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
             if not quiet:
-                click.echo(render.verify_table(result))
+                click.echo(render.verify_table(result, verbose=verbose > 0))
+            elif not result.passed:
+                failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in result.outputs if not o.passed]
+                click.echo(f"FAILED {result.candidate}: {'; '.join(failed) or 'no output compared'}")
             if report_json:
                 outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
             if report_md:
@@ -419,14 +720,24 @@ def verify_cmd(reference: str, candidate: str, report_json: str | None, report_m
 @click.option("--keep-f32-op", multiple=True, metavar="OP")
 @click.option("--keep-f32-node", multiple=True, metavar="REGEX")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-kind and per-op counts as JSON.")
-def inspect_cmd(model: str, policy: str, map_text: str | None, map_file: str | None, target: str, keep_f32_op: Sequence[str],
-                keep_f32_node: Sequence[str], as_json: bool) -> None:
+def inspect_cmd(
+    model: str,
+    policy: str,
+    map_text: str | None,
+    map_file: str | None,
+    target: str,
+    keep_f32_op: Sequence[str],
+    keep_f32_node: Sequence[str],
+    as_json: bool,
+) -> None:
     """Show per kind and per op type the node counts and the precision each would get."""
 
     def run() -> int:
         resolved = _policy(policy, map_text, map_file)
         loaded = load_model(model)
-        summary = inspect_model(loaded, resolved, make_options(True, keep_f32_op, keep_f32_node, target=target), model_name=model)
+        summary = inspect_model(
+            loaded, resolved, make_options(True, keep_f32_op, keep_f32_node, target=target), model_name=model
+        )
         click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
         return EXIT_OK
 

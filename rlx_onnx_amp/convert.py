@@ -37,8 +37,8 @@ import functools
 import gc
 import logging
 import re
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import onnx
@@ -50,9 +50,40 @@ from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, signature
-from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, ATTRIBUTE_TYPED_VARS, FIXED_TYPE_OPS, KERNEL_GAPS, TYPED_TENSOR_ATTRIBUTES, QDQ_CONSUMERS, QDQ_PRODUCERS, SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, DEFAULT_DOMAINS, OpKind, kind_of
-from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, ClampStats, NarrowBatch, WeightSink, WeightSource, narrow, tensor_nbytes
-from rlx_onnx_amp.types import GRAPH_OPS, NON_TENSOR, OUTPUT_TYPE_ATTRIBUTE, ScopeTypes, constant_type, declared_types, infer_types, schema_output_types, subgraphs
+from rlx_onnx_amp.taxonomy import (
+    ANY_FLOAT_INPUTS,
+    ATTRIBUTE_TYPED_VARS,
+    DEFAULT_DOMAINS,
+    FIXED_TYPE_OPS,
+    KERNEL_GAPS,
+    QDQ_CONSUMERS,
+    QDQ_PRODUCERS,
+    SOURCE_VALUE_ATTRIBUTES,
+    TYPE_ATTRIBUTES,
+    TYPED_TENSOR_ATTRIBUTES,
+    OpKind,
+    kind_of,
+)
+from rlx_onnx_amp.tensors import (
+    SMALL_TENSOR_ELEMENTS,
+    ClampStats,
+    NarrowBatch,
+    WeightSink,
+    WeightSource,
+    narrow,
+    tensor_nbytes,
+)
+from rlx_onnx_amp.types import (
+    GRAPH_OPS,
+    NON_TENSOR,
+    OUTPUT_TYPE_ATTRIBUTE,
+    ScopeTypes,
+    constant_type,
+    declared_types,
+    infer_types,
+    schema_output_types,
+    subgraphs,
+)
 
 __all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
 
@@ -258,9 +289,21 @@ class _Converter:
         nodes = scope.graph.node
         op_types = [n.op_type for n in nodes]  # one read of a field every node needs
         present = set(op_types)
-        scope.quantized_inputs = {n.input[0] for n in nodes if n.op_type in QDQ_CONSUMERS and n.input} if present & QDQ_CONSUMERS else set()
-        scope.has_qdq = bool(scope.quantized_inputs) or (scope.parent is not None and scope.parent.has_qdq) or bool(present & QDQ_PRODUCERS)
-        used_names, defined, producer, storage, tracked = self.used_names, scope.defined, scope.producer, scope.storage, scope.tracked
+        scope.quantized_inputs = (
+            {n.input[0] for n in nodes if n.op_type in QDQ_CONSUMERS and n.input} if present & QDQ_CONSUMERS else set()
+        )
+        scope.has_qdq = (
+            bool(scope.quantized_inputs)
+            or (scope.parent is not None and scope.parent.has_qdq)
+            or bool(present & QDQ_PRODUCERS)
+        )
+        used_names, defined, producer, storage, tracked = (
+            self.used_names,
+            scope.defined,
+            scope.producer,
+            scope.storage,
+            scope.tracked,
+        )
         orig, templates, prefix = scope.orig, self._templates, scope.path
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         # Templates: nodes whose op, input types and type attribute repeat get the same output
@@ -275,16 +318,18 @@ class _Converter:
             path = f"{prefix}{i}"
             children: list[_Scope] = []
             if op in GRAPH_OPS or domain not in DEFAULT_DOMAINS:
-                for key, sub in subgraphs(node):
+                for attr_key, sub in subgraphs(node):
                     if types is None:
                         raise _Untyped(f"{op} holds a graph")
-                    child_path = f"{path}/{key}/"
+                    child_path = f"{path}/{attr_key}/"
                     child = _Scope(sub, child_path, scope, types.get(child_path, {}))
                     self._collect_names(sub)
                     children.append(child)
                 if children:
                     scope.children[i] = children
-            key_types = tuple(map(orig_type, ins)) if "" not in ins else tuple([orig_type(n) if n else _OMITTED for n in ins])
+            key_types = (
+                tuple(map(orig_type, ins)) if "" not in ins else tuple([orig_type(n) if n else _OMITTED for n in ins])
+            )
             attr_type = _attribute_type(node, op) if op in _ATTRIBUTE_TYPED and domain in DEFAULT_DOMAINS else None
             key = (domain, op, key_types, attr_type, len(outs))
             template = templates.get(key) if templated and not children else None
@@ -295,19 +340,44 @@ class _Converter:
                     if name:
                         have = orig.get(name)
                         if have is None:
-                            orig[name] = elem
+                            orig[name] = elem  # type: ignore[assignment]  # templates type every named output
                         elif have != elem:  # a declared type the template does not give: decide alone
                             break
                 else:
                     if source:  # store_scope settles a source's precision on its own copy
                         input_types, output_types = dict(input_types), dict(output_types)
-                    decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason,
-                                            source, keepable)
+                    decision = NodeDecision(
+                        path,
+                        node,
+                        kind,
+                        op,
+                        domain,
+                        ins,
+                        outs,
+                        precision,
+                        input_types,
+                        output_types,
+                        reason,
+                        source,
+                        keepable,
+                    )
                     if keepable and user_keeps:
                         self._apply_user_keep(decision)
             if decision is None:
-                decision = self._decide(node, path, scope, children, op, domain, ins, outs, key_types, attr_type,
-                                        key if templated and not children else None, types is None)
+                decision = self._decide(
+                    node,
+                    path,
+                    scope,
+                    children,
+                    op,
+                    domain,
+                    ins,
+                    outs,
+                    key_types,
+                    attr_type,
+                    key if templated and not children else None,
+                    types is None,
+                )
             scope.decisions.append(decision)
             for child in children:
                 self.decide_scope(child, types)
@@ -328,6 +398,7 @@ class _Converter:
             # follows their consumers (initializers, sources; see store_scope).
             if not nested and tracked.isdisjoint(ins):
                 continue
+            owner: _Scope | None
             for k, name in enumerate(ins):
                 if name in tracked:
                     owner = scope
@@ -373,9 +444,21 @@ class _Converter:
             d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
             d.output_types = {}
 
-    def _decide(self, node: NodeProto, path: str, scope: _Scope, children: list[_Scope], op: str, domain: str,
-                ins: list[str], outs: list[str], key_types: tuple[int | None, ...], attr_type: int | None,
-                template_key: tuple[object, ...] | None, schema_typing: bool) -> NodeDecision:
+    def _decide(
+        self,
+        node: NodeProto,
+        path: str,
+        scope: _Scope,
+        children: list[_Scope],
+        op: str,
+        domain: str,
+        ins: list[str],
+        outs: list[str],
+        key_types: tuple[int | None, ...],
+        attr_type: int | None,
+        template_key: tuple[object, ...] | None,
+        schema_typing: bool,
+    ) -> NodeDecision:
         """Type a node's outputs and decide it; store the result as a template when it depends
         on nothing but the template key."""
         in_types = [None if t == _OMITTED else t for t in key_types]
@@ -409,17 +492,39 @@ class _Converter:
             out_types[k] = elem
         d = self._decide_node(node, path, scope, bool(children), op, domain, ins, outs, in_types, out_types, sig)
         named = [k for k, name in enumerate(outs) if name]
-        if (template_key is not None and all(derived[k] is not None and derived[k] == out_types[k] for k in named)
-                and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS):
-            self._templates[template_key] = _Template(tuple(derived), d.kind, d.precision, dict(d.input_types),
-                                                      dict(d.output_types), d.reason, d.source, d.keepable)
+        if (
+            template_key is not None
+            and all(derived[k] is not None and derived[k] == out_types[k] for k in named)
+            and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS
+        ):
+            self._templates[template_key] = _Template(
+                tuple(derived),
+                d.kind,
+                d.precision,
+                dict(d.input_types),
+                dict(d.output_types),
+                d.reason,
+                d.source,
+                d.keepable,
+            )
         if d.keepable and self.user_keeps:
             self._apply_user_keep(d)
         return d
 
-    def _decide_node(self, node: NodeProto, path: str, scope: _Scope, has_subgraph: bool, op: str, domain: str,
-                     ins: list[str], outs: list[str], in_types: list[int | None], out_types: list[int | None],
-                     sig: OpSignature | None) -> NodeDecision:
+    def _decide_node(
+        self,
+        node: NodeProto,
+        path: str,
+        scope: _Scope,
+        has_subgraph: bool,
+        op: str,
+        domain: str,
+        ins: list[str],
+        outs: list[str],
+        in_types: list[int | None],
+        out_types: list[int | None],
+        sig: OpSignature | None,
+    ) -> NodeDecision:
         """The decision for one node whose values are typed; user keeps are applied by the caller."""
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
@@ -481,7 +586,9 @@ class _Converter:
             else:
                 try:
                     cast = onnx.defs.get_schema("Cast", version, "")
-                    allowed = {t for c in cast.type_constraints if c.type_param_str == "T2" for t in c.allowed_type_strs}
+                    allowed = {
+                        t for c in cast.type_constraints if c.type_param_str == "T2" for t in c.allowed_type_strs
+                    }
                 except onnx.defs.SchemaError:
                     allowed = set()
                 if _TYPE_STR[target.elem_type] not in allowed:
@@ -496,8 +603,15 @@ class _Converter:
             return self._opset("")
         return _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
 
-    def _lower_groups(self, node: NodeProto, sig: OpSignature, in_types: tuple[int | None, ...], out_types: tuple[int | None, ...],
-                      any_inputs: tuple[int, ...], target: Precision) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
+    def _lower_groups(
+        self,
+        node: NodeProto,
+        sig: OpSignature,
+        in_types: tuple[int | None, ...],
+        out_types: tuple[int | None, ...],
+        any_inputs: tuple[int, ...],
+        target: Precision,
+    ) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
         """(inputs to lower, outputs to lower, reason when nothing could be): memoized, since
         most nodes of a model share a handful of signatures."""
         key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target)
@@ -509,7 +623,9 @@ class _Converter:
         in_low: list[int] = []
         out_low: list[int] = []
         lowered_vars: list[str] = []
-        fixed_vars = ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else frozenset()
+        fixed_vars = (
+            ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else frozenset()
+        )
         for g in sig.groups:
             if g.var in fixed_vars:
                 continue
@@ -525,10 +641,13 @@ class _Converter:
             lowered_vars.append(g.var.split("#")[0])
         reason = None
         if not in_low and not out_low and blocked:
-            reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {', '.join(sorted(set(blocked)))}"
+            blocked_text = ", ".join(sorted(set(blocked)))
+            reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {blocked_text}"
         elif in_low or out_low:
             domain = "" if node.domain == "ai.onnx" else node.domain
-            reason = kernel_block(self.options.target, target, domain, node.op_type, sig.since_version, tuple(lowered_vars))
+            reason = kernel_block(
+                self.options.target, target, domain, node.op_type, sig.since_version, tuple(lowered_vars)
+            )
             if reason:
                 in_low, out_low = [], []
         result = (tuple(in_low), tuple(out_low), reason)
@@ -700,13 +819,13 @@ class _Converter:
         for attr in node.attribute:
             if attr.name in TYPED_TENSOR_ATTRIBUTES.get(node.op_type, ()) and attr.t.data_type == _F32 and d.precision:
                 self._narrow_tensor(attr.t, d.precision, f"{d.label}.{attr.name}")
-        attr_name = TYPE_ATTRIBUTES.get(node.op_type)
-        if attr_name and 0 in d.output_types:
+        type_attr = TYPE_ATTRIBUTES.get(node.op_type)
+        if type_attr and 0 in d.output_types:
             attrs = {a.name: a for a in node.attribute}
-            if attr_name in attrs:
-                attrs[attr_name].i = elem
+            if type_attr in attrs:
+                attrs[type_attr].i = elem
             else:
-                node.attribute.append(helper.make_attribute(attr_name, elem))
+                node.attribute.append(helper.make_attribute(type_attr, elem))
 
     def _retype_source(self, node: NodeProto, attr_name: str, precision: Precision | None, scope: _Scope) -> None:
         assert precision is not None
@@ -787,7 +906,9 @@ class _Converter:
             if not self.weights:
                 if target is not None and target != init.data_type:
                     precision = precision_of_elem_type(target)
-                    self.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize if precision else before
+                    self.report.initializer_bytes_after += (
+                        before // 4 * precision.info.np_dtype.itemsize if precision else before
+                    )
                 else:
                     self.report.initializer_bytes_after += before
                 continue
@@ -834,7 +955,9 @@ class _Converter:
     def _ensure_default_opset(self) -> None:
         """Inserted Casts live in the default domain; a model that imports only another domain
         (ai.onnx.ml) gets the default-domain opset released with it."""
-        if "" in {o.domain for o in self.model.opset_import} | {"ai.onnx"} & {o.domain for o in self.model.opset_import}:
+        if "" in {o.domain for o in self.model.opset_import} | {"ai.onnx"} & {
+            o.domain for o in self.model.opset_import
+        }:
             return
         version = _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
         self.model.opset_import.append(helper.make_opsetid("", version))
@@ -871,7 +994,7 @@ class _Converter:
         report.unknown_ops = sorted(set(unknown))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cast_template(to: int) -> NodeProto:
     """A Cast to `to` whose input, output and name are placeholders to overwrite."""
     node = NodeProto(op_type="Cast", name="_", input=["_"], output=["_"])
@@ -940,7 +1063,9 @@ def convert_model(
     report.target = options.target.value
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
-    converter = _Converter(model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress)
+    converter = _Converter(
+        model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress
+    )
     with _gc_paused():
         converter.run()
     return report

@@ -42,7 +42,16 @@ try:  # POSIX only: elsewhere commits into one directory are not serialized acro
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["OutputSet", "RunPaths", "ScratchDir", "check_data_name", "check_writable", "content_data_name", "external_data_path", "is_content_data_name"]
+__all__ = [
+    "OutputSet",
+    "RunPaths",
+    "ScratchDir",
+    "check_data_name",
+    "check_writable",
+    "content_data_name",
+    "external_data_path",
+    "is_content_data_name",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -154,10 +163,15 @@ class RunPaths:
         for k, w in enumerate(self.writes):
             for r in self.reads:
                 if w.same_file(r):
-                    raise InputError(f"{w.path}: the {w.role} would overwrite the {r.role} {r.path}; choose another path")
+                    raise InputError(
+                        f"{w.path}: the {w.role} would overwrite the {r.role} {r.path}; choose another path"
+                    )
             for other in self.writes[:k]:
                 if w.same_file(other):
-                    raise InputError(f"{w.path}: the {w.role} and the {other.role} ({other.path}) are the same file; choose another path")
+                    raise InputError(
+                        f"{w.path}: the {w.role} and the {other.role} ({other.path}) are the same file; "
+                        "choose another path"
+                    )
             check_writable(w.path, w.role)
 
 
@@ -258,7 +272,9 @@ class OutputSet:
         """Move every staged file into place. Signals wait until the moves are done."""
         with signals_deferred(), _locked(self._stages):
             for _, staged, final in sorted(self._files, key=lambda f: f[0]):
-                if _real(final) in self._protected:  # a data file name that is an input's (checked before; never replace one)
+                if (
+                    _real(final) in self._protected
+                ):  # a data file name that is an input's (checked before; never replace one)
                     raise InputError(f"{final}: would overwrite an input of this run")
                 try:
                     os.replace(staged, final)

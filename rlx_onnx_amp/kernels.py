@@ -26,9 +26,9 @@ import enum
 import functools
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from collections.abc import Iterable, Mapping
 
 from rlx_onnx_amp.precision import Precision
 
@@ -82,7 +82,7 @@ class KernelTable:
 
 
 def _float_names(type_strs: Iterable[str]) -> frozenset[str]:
-    names = (t[len("tensor("):-1] for t in type_strs if t.startswith("tensor("))
+    names = (t[len("tensor(") : -1] for t in type_strs if t.startswith("tensor("))
     return frozenset(n for n in names if n in _FLOAT_NAMES)
 
 
@@ -100,8 +100,9 @@ def _from_registry(provider: str) -> KernelTable | None:
         return None
     import onnxruntime
 
-    return KernelTable(provider, f"onnxruntime {onnxruntime.__version__} kernel registry",
-                       {key: tuple(v) for key, v in table.items()})
+    return KernelTable(
+        provider, f"onnxruntime {onnxruntime.__version__} kernel registry", {key: tuple(v) for key, v in table.items()}
+    )
 
 
 def _from_snapshot(provider: str) -> KernelTable:
@@ -113,8 +114,9 @@ def _from_snapshot(provider: str) -> KernelTable:
         types = {var: frozenset(names) & _FLOAT_NAMES for var, names in row["types"].items()}
         table.setdefault((row["domain"], row["op"]), []).append(Kernel(row["since"], until, types))
     src = data["source"]
-    return KernelTable(provider, f"{src['repo']} {src['path']} at {src['commit'][:12]}",
-                       {key: tuple(v) for key, v in table.items()})
+    return KernelTable(
+        provider, f"{src['repo']} {src['path']} at {src['commit'][:12]}", {key: tuple(v) for key, v in table.items()}
+    )
 
 
 @functools.cache
@@ -131,19 +133,21 @@ def kernel_table(target: Target) -> KernelTable:
     return table
 
 
-def _takes(table: KernelTable, domain: str, op: str, version: int, variables: tuple[str, ...],
-           precision: Precision) -> bool | None:
+def _takes(
+    table: KernelTable, domain: str, op: str, version: int, variables: tuple[str, ...], precision: Precision
+) -> bool | None:
     """Whether a kernel of `table` takes `variables` in `precision`; None: no kernel at all."""
     serving = table.serving(domain, op, version)
     if not serving:
         return None
-    type_name = precision.info.type_str[len("tensor("):-1]
+    type_name = precision.info.type_str[len("tensor(") : -1]
     return any(k.takes(variables, type_name) for k in serving)
 
 
 @functools.lru_cache(maxsize=4096)
-def kernel_block(target: Target, precision: Precision, domain: str, op: str, version: int,
-                 variables: tuple[str, ...]) -> str | None:
+def kernel_block(
+    target: Target, precision: Precision, domain: str, op: str, version: int, variables: tuple[str, ...]
+) -> str | None:
     """Why a node (`op` of `domain`, schema `version`) whose type `variables` would run in
     `precision` cannot on `target`; None when it can."""
     label = f"{op}-{version}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 
 from rlx_onnx_amp.errors import PolicyError
 from rlx_onnx_amp.precision import Precision
@@ -25,7 +25,10 @@ _PRESETS: Mapping[str, Mapping[OpKind, Precision]] = {
     "auto-mixed-conservative": {_K.ELEMENTWISE: _F16},
     "auto-mixed": {_K.REDUCTION: _F16, _K.ELEMENTWISE: _F16},
     "auto-mixed-bf16": {
-        _K.COMPUTE: _BF16, _K.REDUCTION: _BF16, _K.ELEMENTWISE: _BF16, _K.DATA_MOVEMENT: _BF16,
+        _K.COMPUTE: _BF16,
+        _K.REDUCTION: _BF16,
+        _K.ELEMENTWISE: _BF16,
+        _K.DATA_MOVEMENT: _BF16,
     },
 }
 
@@ -49,9 +52,17 @@ class Policy:
         return {"name": self.name, "kinds": {k.value: self.precision_for(k).value for k in OpKind}}
 
 
-_KIND_ALIASES = {k.value: k for k in OpKind} | {"data_movement": OpKind.DATA_MOVEMENT, "data-movement": OpKind.DATA_MOVEMENT}
+_KIND_ALIASES = {k.value: k for k in OpKind} | {
+    "data_movement": OpKind.DATA_MOVEMENT,
+    "data-movement": OpKind.DATA_MOVEMENT,
+}
 _PRECISION_ALIASES = {p.value: p for p in Precision} | {
-    "fp32": _F32, "float32": _F32, "float": _F32, "fp16": _F16, "float16": _F16, "half": _F16,
+    "fp32": _F32,
+    "float32": _F32,
+    "float": _F32,
+    "fp16": _F16,
+    "float16": _F16,
+    "half": _F16,
     "bfloat16": _BF16,
 }
 
@@ -63,6 +74,11 @@ def _kind_precision(kind: str, precision: str, where: str) -> tuple[OpKind, Prec
     p = _PRECISION_ALIASES.get(str(precision).strip().lower())
     if p is None:
         raise PolicyError(f"{where}: unknown precision {precision!r} for {kind} (known: f32, f16, bf16)")
+    if k is OpKind.BOUNDARY and p is not Precision.F32:
+        raise PolicyError(
+            f"{where}: boundary={p.value} would do nothing: graph inputs, outputs, initializers and Constants keep "
+            "their types at the boundary and take their consumers' precision inside"
+        )
     return k, p
 
 
@@ -72,7 +88,8 @@ def parse_kind_map(text: str) -> dict[OpKind, Precision]:
     for item in filter(None, (s.strip() for s in re.split(r"[,\s]+", text))):
         if "=" not in item:
             raise PolicyError(f"--map: expected KIND=PRECISION, got {item!r}")
-        k, p = _kind_precision(*item.split("=", 1), where="--map")
+        kind_text, precision_text = item.split("=", 1)
+        k, p = _kind_precision(kind_text, precision_text, where="--map")
         result[k] = p
     return result
 
@@ -88,7 +105,9 @@ def load_kind_map_file(path: Path) -> dict[OpKind, Precision]:
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as e:
-        raise PolicyError(f"{path}: not a valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'} map ({e})") from None
+        raise PolicyError(
+            f"{path}: not a valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'} map ({e})"
+        ) from None
     if not isinstance(data, dict):
         raise PolicyError(f"{path}: expected a table of kind = precision")
     return dict(_kind_precision(str(k), str(v), where=str(path)) for k, v in data.items())

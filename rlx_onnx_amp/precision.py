@@ -9,8 +9,8 @@ more record.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
@@ -49,29 +49,49 @@ class PrecisionInfo:
     smallest_normal: float  # below it values lose precision, and below half the smallest subnormal they flush to zero
     # Default drift tolerances for a candidate computed at this precision (see README).
     atol: float
-    rtol: float
+    rtol_of_max: float  # times max|reference| (see verify.metrics)
     min_cosine: float
 
 
 PRECISIONS: Mapping[Precision, PrecisionInfo] = {
     Precision.F32: PrecisionInfo(
-        Precision.F32, TensorProto.FLOAT, "tensor(float)", np.dtype(np.float32),
-        float(np.finfo(np.float32).max), float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal),
+        Precision.F32,
+        TensorProto.FLOAT,
+        "tensor(float)",
+        np.dtype(np.float32),
+        float(np.finfo(np.float32).max),
+        float(np.finfo(np.float32).max),
+        float(np.finfo(np.float32).smallest_subnormal),
         float(np.finfo(np.float32).smallest_normal),
-        atol=1e-4, rtol=1e-4, min_cosine=0.99999,
+        atol=1e-4,
+        rtol_of_max=1e-4,
+        min_cosine=0.99999,
     ),
     Precision.F16: PrecisionInfo(
-        Precision.F16, TensorProto.FLOAT16, "tensor(float16)", np.dtype(np.float16),
-        65504.0, 65520.0, float(np.finfo(np.float16).smallest_subnormal), float(np.finfo(np.float16).smallest_normal),
-        atol=1e-2, rtol=1e-2, min_cosine=0.999,
+        Precision.F16,
+        TensorProto.FLOAT16,
+        "tensor(float16)",
+        np.dtype(np.float16),
+        65504.0,
+        65520.0,
+        float(np.finfo(np.float16).smallest_subnormal),
+        float(np.finfo(np.float16).smallest_normal),
+        atol=1e-2,
+        rtol_of_max=1e-2,
+        min_cosine=0.999,
     ),
     Precision.BF16: PrecisionInfo(
-        Precision.BF16, TensorProto.BFLOAT16, "tensor(bfloat16)", np.dtype(ml_dtypes.bfloat16),
+        Precision.BF16,
+        TensorProto.BFLOAT16,
+        "tensor(bfloat16)",
+        np.dtype(ml_dtypes.bfloat16),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).max),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).max) * (1 + 2**-8),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_normal),
-        atol=5e-2, rtol=5e-2, min_cosine=0.995,
+        atol=5e-2,
+        rtol_of_max=5e-2,
+        min_cosine=0.995,
     ),
 }
 

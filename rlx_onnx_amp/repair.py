@@ -48,9 +48,17 @@ from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verify.compare import (
-    Compared, Scratch, Session, VerifyOptions, compare_outputs, open_compared, resolve_provider, stack_samples, tolerance_for,
+    Compared,
+    Scratch,
+    Session,
+    VerifyOptions,
+    compare_outputs,
+    open_compared,
+    resolve_provider,
+    stack_samples,
+    tolerance_for,
 )
-from rlx_onnx_amp.verify.core import VerifyReport, verify
+from rlx_onnx_amp.verify.core import VerifyReport, check_output_names, verify
 from rlx_onnx_amp.verify.emulate import emulate
 from rlx_onnx_amp.verify.inputs import check_feeds, load_inputs, synthesize
 from rlx_onnx_amp.verify.localize import expose_outputs, localize
@@ -86,7 +94,13 @@ class Evaluation:
     score: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"evaluation": self.index, "stage": self.stage, "kept": len(self.keep), "passed": self.passed, "score": self.score}
+        return {
+            "evaluation": self.index,
+            "stage": self.stage,
+            "kept": len(self.keep),
+            "passed": self.passed,
+            "score": self.score,
+        }
 
 
 def best_key(e: Evaluation) -> tuple[int, int, float, int]:
@@ -119,8 +133,14 @@ class RepairResult:
         }
 
 
-def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-                     precision: Precision, provider: str, tmp: Scratch) -> dict[str, str]:
+def magnitude_screen(
+    model: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    precision: Precision,
+    provider: str,
+    tmp: Scratch,
+) -> dict[str, str]:
     """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
     weights and constants narrowed as `candidate` holds them (a -3.4e38 mask clamped to -65504
     is no overflow). Only main-graph tensors: bodies are left to localization and bisection."""
@@ -141,7 +161,7 @@ def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: 
 
     def keep_with_consumers(name: str, reason: str, only: list[int] | None = None) -> None:
         keep.setdefault(producer[name], reason)
-        for i in (only if only is not None else [i for i, _ in consumers.get(name, [])]):
+        for i in only if only is not None else [i for i, _ in consumers.get(name, [])]:
             keep.setdefault(str(i), reason)
 
     for name in names:
@@ -159,7 +179,9 @@ def magnitude_screen(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: 
         if float(nonzero.max()) < info.smallest_normal or float(np.mean(flushed)) >= MOSTLY_FLUSHED:
             keep_with_consumers(name, "underflow")
         elif flushed.any():
-            singular = [i for i, k in consumers.get(name, []) if k in ZERO_SINGULAR_INPUTS.get(model.graph.node[i].op_type, ())]
+            singular = [
+                i for i, k in consumers.get(name, []) if k in ZERO_SINGULAR_INPUTS.get(model.graph.node[i].op_type, ())
+            ]
             if singular:
                 keep_with_consumers(name, "underflow", singular)
     return keep
@@ -169,7 +191,9 @@ class _Evaluator:
     """Converts the reference with a set of kept node paths and measures the drift against
     reference outputs computed once."""
 
-    def __init__(self, ref_path: Path, policy: Policy, options: ConvertOptions, verify_options: VerifyOptions, tmp: Scratch) -> None:
+    def __init__(
+        self, ref_path: Path, policy: Policy, options: ConvertOptions, verify_options: VerifyOptions, tmp: Scratch
+    ) -> None:
         self.ref_path = ref_path
         self.policy = policy
         self.options = options
@@ -178,10 +202,17 @@ class _Evaluator:
         self.model = load_model(ref_path, load_external_data=True)
         self.provider = resolve_provider(verify_options.provider)
         if verify_options.inputs:
-            self.samples = [load_inputs(verify_options.inputs, self.model)]
+            self.samples = load_inputs(verify_options.inputs, self.model)
         else:
-            self.samples = [synthesize(self.model, verify_options.spec, k) for k in range(max(verify_options.spec.samples, 1))]
-        check_feeds(self.model, self.samples, f"--inputs {verify_options.inputs}" if verify_options.inputs else "synthesized inputs (--shape)")
+            self.samples = [
+                synthesize(self.model, verify_options.spec, k) for k in range(max(verify_options.spec.samples, 1))
+            ]
+        check_output_names(verify_options, self.model, ref_path)
+        check_feeds(
+            self.model,
+            self.samples,
+            f"--inputs {verify_options.inputs}" if verify_options.inputs else "synthesized inputs (--shape)",
+        )
         ref_session = Session(str(ref_path), self.provider, str(ref_path))
         self.output_names = ref_session.output_names
         self.reference = [ref_session.run(f, self.output_names) for f in self.samples]
@@ -195,10 +226,14 @@ class _Evaluator:
         report = ConversionReport()
         candidate = convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report)
         self.compared = None  # release the previous candidate's session first
-        compared = open_compared(self.model, None, candidate, None, self.provider, self.verify_options.emulate, self.tmp,
-                                 "candidate")
+        compared = open_compared(
+            self.model, None, candidate, None, self.provider, self.verify_options.emulate, self.tmp, "candidate"
+        )
         runs = [compared.run(f, self.output_names) for f in self.samples]
-        results = {n: (stack_samples([r[n] for r in self.reference]), stack_samples([c[n] for c in runs])) for n in self.output_names}
+        results = {
+            n: (stack_samples([r[n] for r in self.reference]), stack_samples([c[n] for c in runs]))
+            for n in self.output_names
+        }
         drifts = compare_outputs(results, compared.precision, self.verify_options)
         self.compared = compared
         return bool(drifts) and all(d.passed for d in drifts), max((d.score for d in drifts), default=0.0), report
@@ -238,7 +273,7 @@ class _Search:
         """Halve `pool` toward the one node whose f32 restores accuracy; the last evaluation."""
         last = None
         while len(pool) > 1 and self.left >= 1:
-            first, second = pool[: len(pool) // 2], pool[len(pool) // 2:]
+            first, second = pool[: len(pool) // 2], pool[len(pool) // 2 :]
             a = last = self.step(f"bisect {len(first)} nodes", {**keep, **dict.fromkeys(first, "drift")})
             if a.passed or self.left < 1:
                 pool = first
@@ -261,7 +296,7 @@ class _Search:
             if self.step(f"minimize: give back {len(chunk)}", trial).passed:
                 keep = trial
             elif len(chunk) > 1:
-                chunks[:0] = [chunk[: len(chunk) // 2], chunk[len(chunk) // 2:]]
+                chunks[:0] = [chunk[: len(chunk) // 2], chunk[len(chunk) // 2 :]]
             else:
                 proven += 1
         if not chunks:
@@ -271,7 +306,9 @@ class _Search:
 
 def _with_kept(options: ConvertOptions, keep: Mapping[str, str]) -> ConvertOptions:
     """The user's options plus the node paths repair keeps in f32."""
-    return dataclasses.replace(options, keep_f32_paths={**options.keep_f32_paths, **{p: f"repair: {r}" for p, r in keep.items()}})
+    return dataclasses.replace(
+        options, keep_f32_paths={**options.keep_f32_paths, **{p: f"repair: {r}" for p, r in keep.items()}}
+    )
 
 
 def repair_file(
@@ -310,9 +347,18 @@ def repair_file(
     return result
 
 
-def _repair(src: Path, dst: Path, resolved: Policy, options: ConvertOptions, verify_options: VerifyOptions, budget: int,
-            data_name: str | None, progress: Callable[[str], None] | None, outputs: OutputSet,
-            paths: RunPaths) -> tuple[ConversionReport, VerifyReport, RepairResult]:
+def _repair(
+    src: Path,
+    dst: Path,
+    resolved: Policy,
+    options: ConvertOptions,
+    verify_options: VerifyOptions,
+    budget: int,
+    data_name: str | None,
+    progress: Callable[[str], None] | None,
+    outputs: OutputSet,
+    paths: RunPaths,
+) -> tuple[ConversionReport, VerifyReport, RepairResult]:
     with Scratch("rlx-amp-repair-") as tmp:
         ev = _Evaluator(src, resolved, options, verify_options, tmp)
         search = _Search(ev, budget, progress)
@@ -350,12 +396,18 @@ def _repair(src: Path, dst: Path, resolved: Policy, options: ConvertOptions, ver
         if search.best.passed and search.left >= 1:
             minimality = search.minimize(search.best)
         best = search.best
-        staged = stage_conversion(src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep))
+        staged = stage_conversion(
+            src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep)
+        )
         conversion = staged.report
     verified = verify(src, staged.path, verify_options, candidate_label=str(dst), outputs=outputs)
-    result = RepairResult(verified.passed, ev.evaluations, history=[e.to_json() for e in search.history],
-                          best={"evaluation": best.index, "stage": best.stage, "score": best.score, "kept": len(best.keep)},
-                          minimality=minimality)
+    result = RepairResult(
+        verified.passed,
+        ev.evaluations,
+        history=[e.to_json() for e in search.history],
+        best={"evaluation": best.index, "stage": best.stage, "score": best.score, "kept": len(best.keep)},
+        minimality=minimality,
+    )
     for e in result.history:
         e["written"] = e["evaluation"] == best.index
     for path, reason in sorted(best.keep.items(), key=lambda kv: _path_key(kv[0])):
@@ -376,8 +428,13 @@ def _path_key(path: str) -> tuple[int, ...]:
 
 
 def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | None, float | None]:
-    compute = [prec for op, counts in report.by_op.items() for prec, n in counts.items() for _ in range(n)
-               if kind_of(*_split(op)) is OpKind.COMPUTE]
+    compute = [
+        prec
+        for op, counts in report.by_op.items()
+        for prec, n in counts.items()
+        for _ in range(n)
+        if kind_of(*_split(op)) is OpKind.COMPUTE
+    ]
     compute_share = sum(1 for p in compute if p in ("f16", "bf16")) / len(compute) if compute else None
     float_bytes = sum(tensor_nbytes(t) for t in model.graph.initializer if t.data_type in FLOAT_TYPES)
     saved = report.initializer_bytes_before - report.initializer_bytes_after

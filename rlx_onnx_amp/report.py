@@ -46,6 +46,7 @@ class ConversionReport:
     #: repair may spend an evaluation on. Constant-like nodes, fixed-type ops (Cast), control
     #: flow, unknown ops and nodes already in f32 are not among them.
     keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
+    data_files: list[str] = field(default_factory=list)  # external data files written beside the output
     verify: dict[str, Any] | None = None
     repair: dict[str, Any] | None = None
 
@@ -73,6 +74,7 @@ class ConversionReport:
             "clamped": self.clamped,
             "initializer_bytes": {"before": self.initializer_bytes_before, "after": self.initializer_bytes_after},
             "unknown_ops": self.unknown_ops,
+            "data_files": self.data_files,
         }
         if self.verify is not None:
             data["verify"] = self.verify

@@ -8,8 +8,8 @@ variable admits.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import onnx
 import onnx.defs
@@ -66,7 +66,7 @@ def _find_schema(domain: str, op_type: str, opset: int) -> object | None:
 
 
 def _formal_type(param: object) -> str:
-    return getattr(param, "type_str", None) or getattr(param, "typeStr")  # ORT spells it typeStr
+    return str(getattr(param, "type_str", None) or getattr(param, "typeStr"))  # noqa: B009 - ORT spells it typeStr
 
 
 def _is_variadic(param: object) -> bool:
@@ -106,9 +106,7 @@ def _signature(domain: str, op_type: str, opset: int, n_in: int, n_out: int) -> 
                 concrete += 1
                 constraints[key] = allowed
             members.setdefault(key, ([], []))[side].append(index)
-    groups = tuple(
-        TypeGroup(var, constraints[var], tuple(ins), tuple(outs)) for var, (ins, outs) in members.items()
-    )
+    groups = tuple(TypeGroup(var, constraints[var], tuple(ins), tuple(outs)) for var, (ins, outs) in members.items())
     return OpSignature(schema.since_version, groups)  # type: ignore[attr-defined]
 
 

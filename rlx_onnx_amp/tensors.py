@@ -26,8 +26,18 @@ from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import external_data_path
 from rlx_onnx_amp.precision import Precision
 
-__all__ = ["ClampStats", "ExternalSink", "NarrowBatch", "SMALL_TENSOR_ELEMENTS", "WeightSink", "WeightSource", "check_inline_data",
-           "external_locations", "narrow", "tensor_nbytes"]
+__all__ = [
+    "SMALL_TENSOR_ELEMENTS",
+    "ClampStats",
+    "ExternalSink",
+    "NarrowBatch",
+    "WeightSink",
+    "WeightSource",
+    "check_inline_data",
+    "external_locations",
+    "narrow",
+    "tensor_nbytes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +79,9 @@ def narrow(array: np.ndarray, precision: Precision) -> tuple[np.ndarray, ClampSt
     return out, stats
 
 
-def _narrow_segments(src: np.ndarray, precision: Precision, starts: np.ndarray | None) -> tuple[np.ndarray, list[ClampStats]]:
+def _narrow_segments(
+    src: np.ndarray, precision: Precision, starts: np.ndarray | None
+) -> tuple[np.ndarray, list[ClampStats]]:
     """Narrow a non-empty float32 array; one ClampStats per segment of its flattened values
     (`starts`: the first index of each non-empty segment; None: one segment)."""
     info = precision.info
@@ -84,11 +96,13 @@ def _narrow_segments(src: np.ndarray, precision: Precision, starts: np.ndarray |
         finite_over &= np.isfinite(src)
         if finite_over.any():
             over_flat = finite_over.reshape(-1)
-            counts = [int(np.count_nonzero(over_flat))] if starts is None else np.add.reduceat(over_flat, starts).tolist()
+            counts = (
+                [int(np.count_nonzero(over_flat))] if starts is None else np.add.reduceat(over_flat, starts).tolist()
+            )
             for k, count in enumerate(counts):
                 if count:
-                    segment = flat[bounds[k]:bounds[k + 1]]
-                    over = segment[over_flat[bounds[k]:bounds[k + 1]]]
+                    segment = flat[bounds[k] : bounds[k + 1]]
+                    over = segment[over_flat[bounds[k] : bounds[k + 1]]]
                     stats[k].clamped, stats[k].worst = int(count), float(over[np.argmax(np.abs(over))])
             src = np.where(finite_over, np.copysign(np.float32(info.max_finite), src), src)  # Inf stays Inf
             flat = src.reshape(-1)
@@ -167,7 +181,7 @@ class NarrowBatch:
         position = 0
         for tensor, length in zip(self._tensors, lengths):
             tensor.data_type = elem_type
-            tensor.raw_data = data[position:position + length * itemsize]
+            tensor.raw_data = data[position : position + length * itemsize]
             position += length * itemsize
         result = list(zip(self._keys, stats))
         self._parts, self._tensors, self._keys = [], [], []
@@ -203,7 +217,9 @@ class WeightSource:
         location = _external_info(tensor).get("location", "")
         if location not in self._paths:
             if self.base_dir is None:
-                raise InputError(f"{self.model_name}: tensor {tensor.name!r} has external data but no base directory was given")
+                raise InputError(
+                    f"{self.model_name}: tensor {tensor.name!r} has external data but no base directory was given"
+                )
             path = external_data_path(self.base_dir, location, tensor.name, self.model_name)
             self._paths[location] = (path, path.stat().st_size)
         return self._paths[location]
@@ -229,9 +245,13 @@ class WeightSource:
         if offset < 0 or length < 0:
             raise InputError(f"{where}: negative offset or length")
         if expected is not None and length != expected:
-            raise InputError(f"{where}: length {length} does not match the tensor's dims {list(tensor.dims)} ({expected} bytes)")
+            raise InputError(
+                f"{where}: length {length} does not match the tensor's dims {list(tensor.dims)} ({expected} bytes)"
+            )
         if offset + length > size:
-            raise InputError(f"{where} is too short for the tensor (needs bytes {offset}..{offset + length}, file has {size})")
+            raise InputError(
+                f"{where} is too short for the tensor (needs bytes {offset}..{offset + length}, file has {size})"
+            )
         return path, offset, length
 
     def check(self, tensor: TensorProto) -> None:
@@ -259,12 +279,14 @@ class WeightSource:
 
 
 #: Bits per element of the packed sub-byte types.
-_PACKED_BITS = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
+_PACKED_BITS: dict[int, int] = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
 for _name in ("INT2", "UINT2"):
     if hasattr(TensorProto, _name):
         _PACKED_BITS[getattr(TensorProto, _name)] = 2
 #: Types whose storage size is not simply elements x item size (or that numpy lacks).
-_UNSIZED = {TensorProto.STRING, TensorProto.UNDEFINED} | {getattr(TensorProto, n) for n in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)}
+_UNSIZED = {TensorProto.STRING, TensorProto.UNDEFINED} | {
+    getattr(TensorProto, n) for n in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)
+}
 
 
 def _element_count(tensor: TensorProto) -> int:
@@ -288,15 +310,32 @@ def stored_nbytes(tensor: TensorProto) -> int | None:
 
 # The repeated field that holds an inline tensor's values when it has no raw data, and how many
 # values per element it holds there (complex: 2; packed 4-bit: 1/2, as (count + 1) // 2).
-_TYPED_FIELD = {
-    TensorProto.FLOAT: ("float_data", 1), TensorProto.COMPLEX64: ("float_data", 2),
-    TensorProto.DOUBLE: ("double_data", 1), TensorProto.COMPLEX128: ("double_data", 2),
-    TensorProto.INT64: ("int64_data", 1), TensorProto.UINT32: ("uint64_data", 1), TensorProto.UINT64: ("uint64_data", 1),
+_TYPED_FIELD: dict[int, tuple[str, int]] = {
+    TensorProto.FLOAT: ("float_data", 1),
+    TensorProto.COMPLEX64: ("float_data", 2),
+    TensorProto.DOUBLE: ("double_data", 1),
+    TensorProto.COMPLEX128: ("double_data", 2),
+    TensorProto.INT64: ("int64_data", 1),
+    TensorProto.UINT32: ("uint64_data", 1),
+    TensorProto.UINT64: ("uint64_data", 1),
     TensorProto.STRING: ("string_data", 1),
-    **{t: ("int32_data", 1) for t in (
-        TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8, TensorProto.UINT16, TensorProto.BOOL,
-        TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
-        TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ)},
+    **{
+        t: ("int32_data", 1)
+        for t in (
+            TensorProto.INT32,
+            TensorProto.INT16,
+            TensorProto.INT8,
+            TensorProto.UINT8,
+            TensorProto.UINT16,
+            TensorProto.BOOL,
+            TensorProto.FLOAT16,
+            TensorProto.BFLOAT16,
+            TensorProto.FLOAT8E4M3FN,
+            TensorProto.FLOAT8E4M3FNUZ,
+            TensorProto.FLOAT8E5M2,
+            TensorProto.FLOAT8E5M2FNUZ,
+        )
+    },
 }
 
 
@@ -307,8 +346,10 @@ def check_inline_data(tensor: TensorProto, model_name: str) -> None:
     if tensor.HasField("raw_data") or tensor.raw_data:
         expected = stored_nbytes(tensor)
         if expected is not None and len(tensor.raw_data) != expected:
-            raise InputError(f"{model_name}: tensor {tensor.name!r} holds {len(tensor.raw_data)} bytes of data, its type and dims "
-                             f"{list(tensor.dims)} need {expected}")
+            raise InputError(
+                f"{model_name}: tensor {tensor.name!r} holds {len(tensor.raw_data)} bytes of data, its type and dims "
+                f"{list(tensor.dims)} need {expected}"
+            )
         return
     if tensor.data_type not in _TYPED_FIELD:  # packed and exotic types: onnx's own checks decide
         return
@@ -316,7 +357,9 @@ def check_inline_data(tensor: TensorProto, model_name: str) -> None:
     count = _element_count(tensor) * per
     have = len(getattr(tensor, field_name))
     if have != count:
-        raise InputError(f"{model_name}: tensor {tensor.name!r} holds {have} values, its dims {list(tensor.dims)} need {count}")
+        raise InputError(
+            f"{model_name}: tensor {tensor.name!r} holds {have} values, its dims {list(tensor.dims)} need {count}"
+        )
 
 
 def tensor_nbytes(tensor: TensorProto) -> int:
@@ -328,7 +371,7 @@ def tensor_nbytes(tensor: TensorProto) -> int:
     return n * itemsize if itemsize is not None else len(tensor.raw_data)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _itemsize(data_type: int) -> int | None:
     try:
         return onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
@@ -372,7 +415,6 @@ class WeightSink:
 
     def close(self) -> None:
         """Flush what the sink holds."""
-
 
 
 class ExternalSink(WeightSink):
@@ -458,7 +500,7 @@ class ExternalSink(WeightSink):
             set_array(tensor, data, elem_type)
             return
         tensor.data_type = elem_type
-        self._append(tensor, memoryview(data.reshape(-1).view(np.uint8)))
+        self._append(tensor, data.reshape(-1).view(np.uint8).data)
 
     def store_narrowed(self, tensor: TensorProto, source: WeightSource, precision: Precision) -> tuple[ClampStats, int]:
         count = int(np.prod(tensor.dims, dtype=np.int64))
@@ -484,7 +526,7 @@ class ExternalSink(WeightSink):
                     pending = reader.submit(read, first + CHUNK_ELEMENTS)
                 low, chunk_stats = narrow(chunk, precision)
                 stats.add(chunk_stats)
-                self._write(memoryview(low.view(np.uint8)))
+                self._write(low.view(np.uint8).data)
                 written += low.nbytes
         self._offset += written
         self._point(tensor, start, written)

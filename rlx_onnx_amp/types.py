@@ -4,8 +4,8 @@ Two ways, the first tried first:
 - `schema_types`: one pass over the graph in node order, typing each output from the op's
   schema (the input it shares a type variable with, or the one type its variable admits) or
   from a `to`/`value` attribute. No serialization; on a 200,000-node graph about half the time
-  of the inference path below (2.5 s against 3.6 to 4.8 s). It gives up (None) on anything it cannot type for certain: control flow,
-  sequences, outputs typed by other attributes, unknown ops.
+  of the inference path below (2.5 s against 3.6 to 4.8 s). It gives up (None) on anything it
+  cannot type for certain: control flow, sequences, outputs typed by other attributes, unknown ops.
 - `infer_types`: onnx's shape inference on a copy of the model's structure in which large
   initializers carry only their type and dims, so a multi-GB model costs no more than its graph.
   Values it cannot type (contrib ops) are typed later by the converter from the op schemas.
@@ -26,7 +26,22 @@ from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 if TYPE_CHECKING:
     from rlx_onnx_amp.schema import OpSignature
 
-__all__ = ["GRAPH_OPS", "NON_TENSOR", "OUTPUT_TYPE_ATTRIBUTE", "ScopeTypes", "all_graphs", "all_tensors", "constant_type", "declared_types", "infer_types", "model_types", "schema_output_types", "schema_types", "subgraphs", "tensor_elem_type"]
+__all__ = [
+    "GRAPH_OPS",
+    "NON_TENSOR",
+    "OUTPUT_TYPE_ATTRIBUTE",
+    "ScopeTypes",
+    "all_graphs",
+    "all_tensors",
+    "constant_type",
+    "declared_types",
+    "infer_types",
+    "model_types",
+    "schema_output_types",
+    "schema_types",
+    "subgraphs",
+    "tensor_elem_type",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +55,16 @@ NON_TENSOR = -1
 _SCHEMAS = onnx.defs.get_all_schemas_with_history()
 #: The ops of the default domain that have graph attributes.
 GRAPH_OPS = frozenset(
-    s.name for s in _SCHEMAS
+    s.name
+    for s in _SCHEMAS
     if s.domain == "" and any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in s.attributes.values())
 )
 #: (domain, op) of the onnx schemas that have tensor attributes (Constant, ConstantOfShape, ...);
 #: the other ops of these domains hold no tensors, so their attributes need not be read.
 _SCHEMA_DOMAINS = frozenset(s.domain for s in _SCHEMAS)
 _TENSOR_OPS = frozenset(
-    (s.domain, s.name) for s in _SCHEMAS
+    (s.domain, s.name)
+    for s in _SCHEMAS
     if any(a.type in (AttributeProto.TENSOR, AttributeProto.TENSORS) for a in s.attributes.values())
 )
 #: Op names that hold tensor or graph attributes in some onnx domain: the nodes whose domain
@@ -99,7 +116,7 @@ def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list
                 nested.extend(sub for _, sub in subgraphs(node))
             continue
         domain = node.domain
-        if domain in DEFAULT_DOMAINS or domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS:
+        if domain in DEFAULT_DOMAINS or (domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS):
             continue  # an op of onnx's domains without tensor or graph attributes
         holders.append(node)
         nested.extend(sub for _, sub in subgraphs(node))
@@ -151,7 +168,7 @@ def infer_types(model: ModelProto) -> ScopeTypes:
     stub = _structure_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(stub, check_type=False, strict_mode=False, data_prop=False)
-    except Exception as e:  # noqa: BLE001 - inference is a help, not a requirement
+    except Exception as e:
         logger.info("onnx shape inference failed (%s); typing from schemas alone", e)
         inferred = stub
     out: ScopeTypes = {}
@@ -160,8 +177,9 @@ def infer_types(model: ModelProto) -> ScopeTypes:
 
 
 _TYPE_NAMES = {TensorProto.DataType.Name(v).lower(): v for v in TensorProto.DataType.values()}
-_TYPE_NAMES.update(float=TensorProto.FLOAT, double=TensorProto.DOUBLE, float16=TensorProto.FLOAT16,
-                   bfloat16=TensorProto.BFLOAT16)
+_TYPE_NAMES.update(
+    float=TensorProto.FLOAT, double=TensorProto.DOUBLE, float16=TensorProto.FLOAT16, bfloat16=TensorProto.BFLOAT16
+)
 #: Ops whose output type is the value of an attribute (a TensorProto.DataType).
 OUTPUT_TYPE_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
 
@@ -169,7 +187,7 @@ OUTPUT_TYPE_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
 def tensor_elem_type(type_str: str | None) -> int | None:
     """The element type of a type string such as `tensor(float16)`; None for other strings."""
     if type_str and type_str.startswith("tensor(") and type_str.endswith(")"):
-        return _TYPE_NAMES.get(type_str[len("tensor("):-1])
+        return _TYPE_NAMES.get(type_str[len("tensor(") : -1])
     return None
 
 
@@ -253,7 +271,13 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
         key = (domain, op, tuple(types.get(n, 0) if n else -1 for n in ins), len(outs))
         elems = templates.get(key)
         if elems is None:
-            sig = signature("" if default_domain else domain, op, opsets.get("" if default_domain else domain, 1), len(ins), len(outs))
+            sig = signature(
+                "" if default_domain else domain,
+                op,
+                opsets.get("" if default_domain else domain, 1),
+                len(ins),
+                len(outs),
+            )
             if sig is None:
                 return None
             elems = schema_output_types(sig, [types.get(n) if n else None for n in ins], len(outs))

@@ -430,14 +430,17 @@ def test_signals_leave_no_partial_output_and_no_scratch(lay: Layout, long_model:
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=300)
         expected = 143 if signum == signal.SIGTERM else 130
-        assert proc.returncode in (0, expected), (proc.returncode, stderr)  # never killed mid-import, never a traceback
+        # -signum: the signal came while the interpreter was still starting, before rlx-amp ran
+        # (possible on a loaded machine); what follows must hold then too.
+        assert proc.returncode in (0, expected, -signum), (proc.returncode, stderr)
+        assert "Traceback" not in stderr, stderr
         outcomes.add(proc.returncode)
         assert not scratch_left(lay.tmp), f"scratch left in TMPDIR: {scratch_left(lay.tmp)}"
         assert not [p for p in lay.out.iterdir() if p.name.startswith(".")], "staging left in the output directory"
         assert {p.name: _digest(p) for p in long_model.parent.iterdir()} == inputs
         if proc.returncode == expected:
             assert stderr.strip().splitlines()[-1].startswith("rlx-amp: error: ") and "nothing written" in stderr, stderr
-            assert "Traceback" not in stderr
+        if proc.returncode != 0:
             assert lay.snapshot(lay.out) == earlier  # the earlier output untouched, nothing new
         else:  # finished before the signal: the new output is whole
             names = sorted(p.name for p in lay.out.iterdir())
@@ -448,7 +451,7 @@ def test_signals_leave_no_partial_output_and_no_scratch(lay: Layout, long_model:
             if command == "convert":  # restore the earlier output for the next delay
                 assert cli(model, "-o", out, "-q").code == 0
                 earlier = lay.snapshot(lay.out)
-    assert outcomes != {0}, "every run finished before its signal: the model is too small to test interruption"
+    assert expected in outcomes, f"no run was interrupted while rlx-amp worked ({outcomes}): the model is too small"
     assert cli(*args[:-2], "-q").code == 0  # the next run works
 
 

@@ -8,5 +8,14 @@ from rlx_onnx_amp.verify.core import VerifyReport, verify
 from rlx_onnx_amp.verify.inputs import InputSpec
 from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
 
-__all__ = ["PROVIDERS", "InputSpec", "OutputDrift", "Tolerance", "VerifyOptions", "VerifyReport", "compare_arrays",
-           "resolve_provider", "verify"]
+__all__ = [
+    "PROVIDERS",
+    "InputSpec",
+    "OutputDrift",
+    "Tolerance",
+    "VerifyOptions",
+    "VerifyReport",
+    "compare_arrays",
+    "resolve_provider",
+    "verify",
+]

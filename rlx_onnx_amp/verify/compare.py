@@ -28,9 +28,23 @@ from rlx_onnx_amp.verify.inputs import InputSpec
 from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
 
 __all__ = [
-    "PROVIDERS", "Compared", "Progress", "Scratch", "Session", "VerifyOptions", "compare_outputs", "emulated_model",
-    "emulation_fallback", "emulation_reason", "lowest_precision", "open_compared", "resolve_provider", "round_feeds",
-    "run_samples", "stack_samples", "tolerance_for",
+    "PROVIDERS",
+    "Compared",
+    "Progress",
+    "Scratch",
+    "Session",
+    "VerifyOptions",
+    "compare_outputs",
+    "emulated_model",
+    "emulation_fallback",
+    "emulation_reason",
+    "lowest_precision",
+    "open_compared",
+    "resolve_provider",
+    "round_feeds",
+    "run_samples",
+    "stack_samples",
+    "tolerance_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,11 +65,12 @@ class VerifyOptions:
     inputs: str | None = None
     spec: InputSpec = field(default_factory=InputSpec)
     atol: dict[str, float] = field(default_factory=dict)  # "" is the default for every output
-    rtol: dict[str, float] = field(default_factory=dict)
+    rtol: dict[str, float] = field(default_factory=dict)  # element-wise; checked only where given
     min_cosine: dict[str, float] = field(default_factory=dict)
     localize: bool = False
     localize_top: int = 10
     save_inputs: str | None = None
+    rtol_of_max: dict[str, float] = field(default_factory=dict)  # times max|reference|; per-precision default
 
 
 def resolve_provider(name: str) -> str:
@@ -66,7 +81,9 @@ def resolve_provider(name: str) -> str:
     if name not in PROVIDERS:
         raise InputError(f"--provider: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
     if PROVIDERS[name] not in available:
-        raise InputError(f"--provider {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})")
+        raise InputError(
+            f"--provider {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})"
+        )
     return name
 
 
@@ -81,10 +98,12 @@ class Session:
         providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
         buffers = [_map_file(path) for path in (external or {}).values()]
         if buffers:
-            opts.add_external_initializers_from_files_in_memory(list(external or {}), buffers, [len(b) for b in buffers])
+            opts.add_external_initializers_from_files_in_memory(
+                list(external or {}), buffers, [len(b) for b in buffers]
+            )
         try:
             self.session = ort.InferenceSession(model, opts, providers=providers)
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises several types
+        except Exception as e:
             raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({_first_line(e)})") from None
         finally:
             del buffers
@@ -100,7 +119,7 @@ class Session:
         names = list(names or self.output_names)
         try:
             values = self.session.run(names, typed)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({_first_line(e)})") from None
         return dict(zip(names, values))
 
@@ -137,8 +156,9 @@ def tolerance_for(name: str, precision: Precision, options: VerifyOptions) -> To
     info = PRECISIONS[precision]
     return Tolerance(
         options.atol.get(name, options.atol.get("", info.atol)),
-        options.rtol.get(name, options.rtol.get("", info.rtol)),
+        options.rtol_of_max.get(name, options.rtol_of_max.get("", info.rtol_of_max)),
         options.min_cosine.get(name, options.min_cosine.get("", info.min_cosine)),
+        options.rtol.get(name, options.rtol.get("")),
     )
 
 
@@ -222,7 +242,9 @@ class Scratch(ScratchDir):
         try:
             onnx.save(model, str(path))
         except OSError as e:
-            raise InputError(f"{self.dir}: cannot write a temporary model ({e.strerror}); set TMPDIR to a directory with space") from None
+            raise InputError(
+                f"{self.dir}: cannot write a temporary model ({e.strerror}); set TMPDIR to a directory with space"
+            ) from None
         files: dict[str, Path] = {}
         source = WeightSource(base_dir, label)
         unlinked = False
@@ -250,8 +272,14 @@ class Scratch(ScratchDir):
 _EMULATED_DATA = "rlx-amp-emulated.data"
 
 
-def emulated_model(ref_model: onnx.ModelProto, ref_dir: Path | None, cand_model: onnx.ModelProto, scratch: Scratch,
-                   progress: Progress | None = None, label: str = "reference") -> onnx.ModelProto:
+def emulated_model(
+    ref_model: onnx.ModelProto,
+    ref_dir: Path | None,
+    cand_model: onnx.ModelProto,
+    scratch: Scratch,
+    progress: Progress | None = None,
+    label: str = "reference",
+) -> onnx.ModelProto:
     """The reference with every value the candidate holds in low precision rounded to it;
     rounded external weights go to `scratch`, the rest still reads the reference's data."""
     source = WeightSource(ref_dir, label)
@@ -293,9 +321,17 @@ class Compared:
         return self.session.run(round_feeds(feeds, self.feed_low) if self.emulated else feeds, names)
 
 
-def open_compared(ref_model: onnx.ModelProto, ref_dir: Path | None, cand_model: onnx.ModelProto, cand_path: Path | None,
-                  provider: str, emulate_option: bool | None, scratch: Scratch, label: str,
-                  progress: Progress | None = None) -> Compared:
+def open_compared(
+    ref_model: onnx.ModelProto,
+    ref_dir: Path | None,
+    cand_model: onnx.ModelProto,
+    cand_path: Path | None,
+    provider: str,
+    emulate_option: bool | None,
+    scratch: Scratch,
+    label: str,
+    progress: Progress | None = None,
+) -> Compared:
     """A session on the candidate (loaded from `cand_path` when given, else from scratch), or on
     its emulation when the provider cannot run it faithfully (see `emulation_reason`)."""
     low = low_precision_values(cand_model)
@@ -317,12 +353,25 @@ def open_compared(ref_model: onnx.ModelProto, ref_dir: Path | None, cand_model: 
         return Compared(cand_model, base, session, precision, low, False, None, loaded)
     session = None  # free it first, so at most two sessions are held
     model = emulated_model(ref_model, ref_dir, cand_model, scratch, progress)
-    return Compared(model, ref_dir, scratch.session(model, ref_dir, provider, f"emulated {label}"), precision, low, True,
-                    reason, loaded)
+    return Compared(
+        model,
+        ref_dir,
+        scratch.session(model, ref_dir, provider, f"emulated {label}"),
+        precision,
+        low,
+        True,
+        reason,
+        loaded,
+    )
 
 
-def run_samples(ref: Session, compared: Compared, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str],
-                progress: Progress | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def run_samples(
+    ref: Session,
+    compared: Compared,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    names: Sequence[str],
+    progress: Progress | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each output's reference and candidate values over every input set."""
     collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
     for k, feeds in enumerate(samples):
@@ -338,9 +387,13 @@ def run_samples(ref: Session, compared: Compared, samples: Sequence[Mapping[str,
     return {n: (stack_samples(a), stack_samples(b)) for n, (a, b) in collected.items()}
 
 
-def compare_outputs(results: Mapping[str, tuple[np.ndarray, np.ndarray]], precision: Precision,
-                    options: VerifyOptions) -> list[OutputDrift]:
+def compare_outputs(
+    results: Mapping[str, tuple[np.ndarray, np.ndarray]], precision: Precision, options: VerifyOptions
+) -> list[OutputDrift]:
     """Per-output drift, failing outputs first; the verdict is that every one passed."""
-    drifts = [compare_arrays(name, ref, cand, tolerance_for(name, precision, options)) for name, (ref, cand) in results.items()]
+    drifts = [
+        compare_arrays(name, ref, cand, tolerance_for(name, precision, options))
+        for name, (ref, cand) in results.items()
+    ]
     drifts.sort(key=lambda o: (o.passed, o.name))
     return drifts

@@ -15,16 +15,25 @@ from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.precision import PRECISIONS
 from rlx_onnx_amp.verify.compare import (
-    PROVIDERS, Progress, Scratch, Session, VerifyOptions, compare_outputs, open_compared, resolve_provider, run_samples,
+    PROVIDERS,
+    Progress,
+    Scratch,
+    Session,
+    VerifyOptions,
+    compare_outputs,
+    open_compared,
+    resolve_provider,
+    run_samples,
     tolerance_for,
 )
 from rlx_onnx_amp.verify.inputs import check_feeds, load_inputs, save_inputs, synthesize
 from rlx_onnx_amp.verify.localize import localize
 from rlx_onnx_amp.verify.metrics import OutputDrift
 
-__all__ = ["PROVIDERS", "VerifyOptions", "VerifyReport", "resolve_provider", "verify"]
+__all__ = ["PROVIDERS", "VerifyOptions", "VerifyReport", "check_output_names", "resolve_provider", "verify"]
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass
 class VerifyReport:
@@ -37,13 +46,23 @@ class VerifyReport:
     candidate_loaded: bool
     precision: str
     atol: dict[str, float]
-    rtol: dict[str, float]
+    rtol_of_max: dict[str, float]
+    rtol: dict[str, float | None]
     min_cosine: dict[str, float]
     seed: int
     samples: int
     inputs: dict[str, list[int]]
     outputs: list[OutputDrift]
     localized: list[dict[str, Any]] | None = None
+
+    @property
+    def criterion(self) -> str:
+        """The checks every output was judged by, in words."""
+        checks = ["no new NaN/Inf", "max_abs <= atol + rtol_of_max * max|reference| (max-scaled)"]
+        if any(v is not None for v in self.rtol.values()):
+            checks.append("|c - r| <= atol + rtol * |r| for every element (element-wise, where rtol is given)")
+        checks.append("cosine >= min_cosine where the reference is not constant")
+        return "; ".join(checks)
 
     @property
     def passed(self) -> bool:
@@ -59,8 +78,9 @@ class VerifyReport:
             "emulation_reason": self.emulation_reason,
             "candidate_loaded": self.candidate_loaded,
             "precision": self.precision,
-            "criterion": "no new NaN/Inf; max_abs <= atol + rtol * max(|reference|); cosine >= min_cosine where the reference is not constant",
+            "criterion": self.criterion,
             "atol": self.atol,
+            "rtol_of_max": self.rtol_of_max,
             "rtol": self.rtol,
             "min_cosine": self.min_cosine,
             "seed": self.seed,
@@ -72,9 +92,15 @@ class VerifyReport:
         }
 
 
-def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str], options: VerifyOptions | None = None,
-           progress: Progress | None = None, *, candidate_label: str | None = None,
-           outputs: OutputSet | None = None) -> VerifyReport:
+def verify(
+    reference: str | os.PathLike[str],
+    candidate: str | os.PathLike[str],
+    options: VerifyOptions | None = None,
+    progress: Progress | None = None,
+    *,
+    candidate_label: str | None = None,
+    outputs: OutputSet | None = None,
+) -> VerifyReport:
     """Compare `candidate` against `reference` on the same inputs (see README, Verification).
 
     `candidate_label` names the candidate in the report (a staged model is verified before it
@@ -88,9 +114,10 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
     ref_model = load_model(ref_path)
     cand_model = load_model(cand_path)
     _check_interfaces(ref_model, cand_model, ref_path, Path(cand_label))
+    check_output_names(options, ref_model, ref_path)
 
     if options.inputs:
-        samples = [load_inputs(options.inputs, ref_model)]
+        samples = load_inputs(options.inputs, ref_model)
     else:
         samples = [synthesize(ref_model, options.spec, k) for k in range(max(options.spec.samples, 1))]
     check_feeds(ref_model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
@@ -109,26 +136,66 @@ def verify(reference: str | os.PathLike[str], candidate: str | os.PathLike[str],
 
     ref_session = Session(str(ref_path), provider, str(ref_path))
     with Scratch("rlx-amp-verify-") as tmp:
-        compared = open_compared(ref_model, ref_path.parent, cand_model, cand_path, provider, options.emulate, tmp, cand_label,
-                                 progress)
+        compared = open_compared(
+            ref_model, ref_path.parent, cand_model, cand_path, provider, options.emulate, tmp, cand_label, progress
+        )
         precision = compared.precision
         results = run_samples(ref_session, compared, samples, ref_session.output_names, progress)
         localized = None
         if options.localize:
-            localized = localize(ref_model, ref_path.parent, compared, samples[0], provider, tmp,
-                                 tolerance_for("", precision, options), options.localize_top)
-    outputs = compare_outputs(results, precision, options)
+            localized = localize(
+                ref_model,
+                ref_path.parent,
+                compared,
+                samples[0],
+                provider,
+                tmp,
+                tolerance_for("", precision, options),
+                options.localize_top,
+            )
+    drifts = compare_outputs(results, precision, options)
     info = PRECISIONS[precision]
     return VerifyReport(
-        reference=str(ref_path), candidate=cand_label, provider=provider,
-        providers_used=ref_session.session.get_providers(), emulated=compared.emulated, emulation_reason=compared.reason,
-        candidate_loaded=compared.loaded, precision=precision.value,
+        reference=str(ref_path),
+        candidate=cand_label,
+        provider=provider,
+        providers_used=ref_session.session.get_providers(),
+        emulated=compared.emulated,
+        emulation_reason=compared.reason,
+        candidate_loaded=compared.loaded,
+        precision=precision.value,
         atol={"": options.atol.get("", info.atol), **{k: v for k, v in options.atol.items() if k}},
-        rtol={"": options.rtol.get("", info.rtol), **{k: v for k, v in options.rtol.items() if k}},
-        min_cosine={"": options.min_cosine.get("", info.min_cosine), **{k: v for k, v in options.min_cosine.items() if k}},
-        seed=options.spec.seed, samples=len(samples),
-        inputs={k: list(v.shape) for k, v in samples[0].items()}, outputs=outputs, localized=localized,
+        rtol_of_max={
+            "": options.rtol_of_max.get("", info.rtol_of_max),
+            **{k: v for k, v in options.rtol_of_max.items() if k},
+        },
+        rtol={"": options.rtol.get(""), **{k: v for k, v in options.rtol.items() if k}},
+        min_cosine={
+            "": options.min_cosine.get("", info.min_cosine),
+            **{k: v for k, v in options.min_cosine.items() if k},
+        },
+        seed=options.spec.seed,
+        samples=len(samples),
+        inputs={k: list(v.shape) for k, v in samples[0].items()},
+        outputs=drifts,
+        localized=localized,
     )
+
+
+def check_output_names(options: VerifyOptions, model: onnx.ModelProto, path: Path) -> None:
+    """A per-output tolerance for an output the model lacks would do nothing: refuse it."""
+    names = {o.name for o in model.graph.output}
+    for flag, given in (
+        ("--atol", options.atol),
+        ("--rtol-of-max", options.rtol_of_max),
+        ("--rtol", options.rtol),
+        ("--min-cosine", options.min_cosine),
+    ):
+        unknown = sorted(k for k in given if k and k not in names)
+        if unknown:
+            raise InputError(
+                f"{flag} {unknown[0]}:...: {path} has no output {unknown[0]!r} (outputs: {', '.join(sorted(names))})"
+            )
 
 
 def _check_interfaces(ref: onnx.ModelProto, cand: onnx.ModelProto, ref_path: Path, cand_path: Path) -> None:

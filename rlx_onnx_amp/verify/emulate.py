@@ -10,11 +10,11 @@ and runs no bf16 arithmetic at all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
-
-from collections.abc import Callable
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
@@ -42,15 +42,21 @@ def low_precision_values(candidate: ModelProto) -> dict[str, int]:
     # name) carries the low value's rounding.
     for graph in all_graphs(candidate.graph):
         for node in graph.node:
-            if node.op_type == "Cast" and node.input and node.input[0] in low and node.output[0] not in low:
-                if next((a.i for a in node.attribute if a.name == "to"), None) == _F32:
-                    low[node.output[0]] = low[node.input[0]]
+            widened = node.op_type == "Cast" and node.input and node.input[0] in low and node.output[0] not in low
+            if widened and next((a.i for a in node.attribute if a.name == "to"), None) == _F32:
+                low[node.output[0]] = low[node.input[0]]
     return low
 
 
-def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource | None = None,
-            sink: WeightSink | None = None, *, computed: bool = True,
-            progress: Callable[[int, int], None] | None = None) -> tuple[ModelProto, int]:
+def emulate(
+    reference: ModelProto,
+    candidate: ModelProto,
+    source: WeightSource | None = None,
+    sink: WeightSink | None = None,
+    *,
+    computed: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[ModelProto, int]:
     """The emulated candidate, and how many values it rounds. Rounded weights go to `sink`.
 
     With `computed=False` weights and constants are only clamped to the low type's range, as
@@ -105,7 +111,11 @@ def emulate(reference: ModelProto, candidate: ModelProto, source: WeightSource |
             attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
             if attr_name and node.output and node.output[0] in low:
                 attrs = {a.name: a for a in node.attribute}
-                if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR and attrs[attr_name].t.data_type == _F32:
+                if (
+                    attr_name in attrs
+                    and attrs[attr_name].type == onnx.AttributeProto.TENSOR
+                    and attrs[attr_name].t.data_type == _F32
+                ):
                     round_tensor(attrs[attr_name].t, low[node.output[0]])
                     rounded += 1
                     continue

@@ -13,7 +13,10 @@ Synthesis rules (README "Verification inputs"):
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
+import json
 import math
 import re
 import zipfile
@@ -28,13 +31,24 @@ from onnx import TensorProto, helper, numpy_helper
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import OutputSet
 
-__all__ = ["DEFAULT_DIM", "InputSpec", "check_feeds", "load_inputs", "parse_range", "parse_shape", "save_inputs", "synthesize"]
+__all__ = [
+    "DEFAULT_DIM",
+    "InputSpec",
+    "check_feeds",
+    "load_inputs",
+    "parse_range",
+    "parse_shape",
+    "save_inputs",
+    "synthesize",
+]
 
 DEFAULT_DIM = 8
 DEFAULT_SEED = 0
 
 # Ops that pass integer ids through unchanged in value, on the way to a Gather.
-_ID_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Slice", "Transpose"})
+_ID_PASSTHROUGH = frozenset(
+    {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Slice", "Transpose"}
+)
 
 
 @dataclass
@@ -91,7 +105,12 @@ def _vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
                 continue
             seen.add(name)
             for node in consumers.get(name, []):
-                if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name and node.input[0] in inits:
+                if (
+                    node.op_type == "Gather"
+                    and len(node.input) > 1
+                    and node.input[1] == name
+                    and node.input[0] in inits
+                ):
                     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                     dims = inits[node.input[0]].dims
                     size = int(dims[axis]) if dims else 0
@@ -121,7 +140,10 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
     for option, given in (("--shape", spec.shapes), ("--input-range", spec.ranges)):
         unknown = sorted(set(given) - names)
         if unknown:
-            raise InputError(f"{option}: the model has no input named {', '.join(map(repr, unknown))} (inputs: {', '.join(sorted(names))})")
+            raise InputError(
+                f"{option}: the model has no input named {', '.join(map(repr, unknown))} "
+                f"(inputs: {', '.join(sorted(names))})"
+            )
     vocab = _vocab_sizes(model)
     feeds: dict[str, np.ndarray] = {}
     for vi in _graph_inputs(model):
@@ -141,7 +163,9 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
         elif "mask" in vi.name.lower():
             lo, hi = 0, 2
         elif not shape:
-            raise InputError(f"input {vi.name!r} is an integer scalar; give --input-range {vi.name}:LO,HI or --inputs FILE")
+            raise InputError(
+                f"input {vi.name!r} is an integer scalar; give --input-range {vi.name}:LO,HI or --inputs FILE"
+            )
         else:
             lo, hi = 0, 2
         if np.issubdtype(dtype, np.floating) or elem == TensorProto.BFLOAT16:
@@ -153,42 +177,102 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
     return feeds
 
 
-def load_inputs(path: str | Path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Feeds from an .npz (name -> array) or a directory of ONNX `input_N.pb` tensors."""
+def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    """Input sets from a file: an .npz of name -> array (with `NAME#k` keys for set k, as
+    `--save-inputs` writes them), Polygraphy's JSON input file (a list of name -> array), or a
+    directory of ONNX `input_N.pb` tensors (one set)."""
     p = Path(path)
     names = [vi.name for vi in _graph_inputs(model)]
     if p.is_dir():
-        files = sorted(p.glob("input_*.pb"), key=lambda f: int(re.sub(r"\D", "", f.stem) or 0))
-        if not files:
-            raise InputError(f"{p}: no input_N.pb files")
-        feeds = {}
-        for k, f in enumerate(files):
-            tensor = TensorProto()
-            try:
-                tensor.ParseFromString(f.read_bytes())
-                if tensor.data_location == TensorProto.EXTERNAL:
-                    raise ValueError("external data")
-                array = numpy_helper.to_array(tensor)
-            except Exception:  # noqa: BLE001 - protobuf and onnx raise several types
-                raise InputError(f"{f}: not an ONNX TensorProto with inline data") from None
-            name = tensor.name or (names[k] if k < len(names) else f"input_{k}")
-            feeds[name] = array
+        sets = [_load_pb_dir(p, names)]
+    elif p.is_file() and p.suffix.lower() == ".json":
+        sets = _load_polygraphy_json(p)
     elif p.is_file():
-        try:
-            with np.load(p, allow_pickle=False) as data:
-                if not isinstance(data, np.lib.npyio.NpzFile):
-                    raise ValueError("a single array, not an archive of named arrays")
-                feeds = {k: data[k] for k in data.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-            raise InputError(f"{p}: not a readable .npz file ({_first_line(e)})") from None
-        except AttributeError:  # np.load gave a plain array (an .npy file)
-            raise InputError(f"{p}: not a readable .npz file (a single array, not an archive of named arrays)") from None
+        sets = _split_samples(_load_npz(p))
     else:
         raise InputError(f"{p}: no such file or directory")
-    missing = [n for n in names if n not in feeds]
-    if missing:
-        raise InputError(f"{p}: no value for input(s) {', '.join(missing)}")
-    return {n: feeds[n] for n in names}
+    for k, feeds in enumerate(sets):
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            where = f" (input set {k})" if len(sets) > 1 else ""
+            raise InputError(f"{p}: no value for input(s) {', '.join(missing)}{where}")
+    return [{n: feeds[n] for n in names} for feeds in sets]
+
+
+def _load_pb_dir(p: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
+    files = sorted(p.glob("input_*.pb"), key=lambda f: int(re.sub(r"\D", "", f.stem) or 0))
+    if not files:
+        raise InputError(f"{p}: no input_N.pb files")
+    feeds = {}
+    for k, f in enumerate(files):
+        tensor = TensorProto()
+        try:
+            tensor.ParseFromString(f.read_bytes())
+            if tensor.data_location == TensorProto.EXTERNAL:
+                raise ValueError("external data")
+            array = numpy_helper.to_array(tensor)
+        except Exception:
+            raise InputError(f"{f}: not an ONNX TensorProto with inline data") from None
+        feeds[tensor.name or (names[k] if k < len(names) else f"input_{k}")] = array
+    return feeds
+
+
+def _load_npz(p: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(p, allow_pickle=False) as data:
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("a single array, not an archive of named arrays")
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise InputError(f"{p}: not a readable .npz file ({_first_line(e)})") from None
+    except AttributeError:  # np.load gave a plain array (an .npy file)
+        raise InputError(f"{p}: not a readable .npz file (a single array, not an archive of named arrays)") from None
+
+
+def _split_samples(arrays: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """`NAME` is set 0, `NAME#k` set k (what save_inputs writes)."""
+    sets: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in arrays.items():
+        name, sep, index = key.rpartition("#")
+        if sep and index.isdigit() and name:
+            sets.setdefault(int(index), {})[name] = value
+        else:
+            sets.setdefault(0, {})[key] = value
+    return [sets[k] for k in sorted(sets)]
+
+
+def _load_polygraphy_json(p: Path) -> list[dict[str, np.ndarray]]:
+    """Polygraphy's `--save-inputs` JSON: a list of input sets, each name -> array, an array
+    written as {"array": base64 of np.save's bytes, ...}."""
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{p}: not a readable JSON input file ({_first_line(e)})") from None
+    sets = data if isinstance(data, list) else [data]
+    out = []
+    for k, feeds in enumerate(sets):
+        if not isinstance(feeds, dict):
+            raise InputError(f"{p}: input set {k} is not a table of name -> array")
+        out.append({name: _decode_array(p, name, value) for name, value in feeds.items()})
+    return out
+
+
+def _decode_array(p: Path, name: str, value: object) -> np.ndarray:
+    if isinstance(value, dict) and isinstance(value.get("array"), str):
+        text = value["array"]
+        try:
+            raw = base64.b64decode(text.encode(), validate=True)
+        except (ValueError, binascii.Error):
+            raw = text.encode("latin-1")  # Polygraphy's older files
+        try:
+            array = np.load(io.BytesIO(raw), allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise InputError(f"{p}: input {name!r} is not a readable array ({_first_line(e)})") from None
+        if isinstance(array, np.ndarray):
+            return array
+    if isinstance(value, list | int | float):
+        return np.asarray(value)
+    raise InputError(f"{p}: input {name!r} is not an encoded array")
 
 
 def save_inputs(outputs: OutputSet, path: str | Path, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
@@ -199,7 +283,7 @@ def save_inputs(outputs: OutputSet, path: str | Path, samples: Sequence[Mapping[
         for name, value in feeds.items():
             arrays[name if k == 0 else f"{name}#{k}"] = value
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # a file object: numpy adds no ".npz" to the user's path
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # a file object: numpy adds no ".npz" to the user's path
     outputs.write_bytes(path, buffer.getvalue())
 
 
@@ -224,18 +308,26 @@ def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarra
             if value is None:
                 continue
             if not isinstance(value, np.ndarray) or _kind(value.dtype) not in ("bool", "integer", "float", "c"):
-                raise InputError(f"{source}: input {vi.name!r}: expected a numeric array, got {type(value).__name__} "
-                                 f"{getattr(value, 'dtype', '')}")
+                raise InputError(
+                    f"{source}: input {vi.name!r}: expected a numeric array, got {type(value).__name__} "
+                    f"{getattr(value, 'dtype', '')}"
+                )
             if _kind(value.dtype) != _kind(want):
                 raise InputError(f"{source}: input {vi.name!r}: got {value.dtype} values, the model takes {want}")
             if tt.HasField("shape"):
                 dims = tt.shape.dim
                 if value.ndim != len(dims):
-                    raise InputError(f"{source}: input {vi.name!r}: got rank {value.ndim} {list(value.shape)}, the model takes rank {len(dims)}")
+                    raise InputError(
+                        f"{source}: input {vi.name!r}: got rank {value.ndim} {list(value.shape)}, "
+                        f"the model takes rank {len(dims)}"
+                    )
                 for axis, (d, n) in enumerate(zip(dims, value.shape)):
                     if d.HasField("dim_value") and d.dim_value != n:
-                        raise InputError(f"{source}: input {vi.name!r}: dimension {axis} is {n}, the model fixes it to {d.dim_value} "
-                                         f"(got shape {list(value.shape)})")
+                        raise InputError(
+                            f"{source}: input {vi.name!r}: dimension {axis} is {n}, "
+                            f"the model fixes it to {d.dim_value} "
+                            f"(got shape {list(value.shape)})"
+                        )
 
 
 def _kind(dtype: np.dtype) -> str:

@@ -11,8 +11,9 @@ NMS) is reported as such, with both shapes, and not compared element by element.
 Reference values the candidate's precision cannot hold (past its largest finite value: a -1e9
 mask clamped to -65504) are not compared where the candidate holds a finite value there: the
 converter reports the clamping, and what it causes downstream shows in the tensors that follow.
-Where the candidate holds Inf or NaN instead (an overflow), it counts as NaN/Inf appearing. Constant-like nodes, whose values the
-converter narrows for their consumers and which no keep can change, are never reported.
+Where the candidate holds Inf or NaN instead (an overflow), it counts as NaN/Inf appearing.
+Constant-like nodes, whose values the converter narrows for their consumers and which no keep
+can change, are never reported.
 """
 
 from __future__ import annotations
@@ -56,7 +57,12 @@ def tensor_errors(reference: np.ndarray, candidate: np.ndarray, max_finite: floa
     over the positions whose reference value the candidate's precision can hold; or, when the
     shapes differ, both shapes."""
     if np.shape(reference) != np.shape(candidate):
-        return {"rel_error": 0.0, "max_abs": 0.0, "new_nonfinite": 0, "shapes": (list(np.shape(reference)), list(np.shape(candidate)))}
+        return {
+            "rel_error": 0.0,
+            "max_abs": 0.0,
+            "new_nonfinite": 0,
+            "shapes": (list(np.shape(reference)), list(np.shape(candidate))),
+        }
     r = np.asarray(reference).astype(np.float64).ravel()
     c = np.asarray(candidate).astype(np.float64).ravel()
     new_nonfinite = int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))  # overflow shows here, past the range too
@@ -65,12 +71,23 @@ def tensor_errors(reference: np.ndarray, candidate: np.ndarray, max_finite: floa
         return {"rel_error": 0.0, "max_abs": 0.0, "new_nonfinite": new_nonfinite}
     diff = float(np.max(np.abs(r[both] - c[both])))
     scale = float(np.max(np.abs(r[both])))
-    return {"rel_error": diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")), "max_abs": diff,
-            "new_nonfinite": new_nonfinite}
+    return {
+        "rel_error": diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")),
+        "max_abs": diff,
+        "new_nonfinite": new_nonfinite,
+    }
 
 
-def localize(ref_model: onnx.ModelProto, ref_dir: Path | None, compared: Compared, feeds: Mapping[str, np.ndarray],
-             provider: str, tmp: Scratch, tol: Tolerance, top: int) -> list[dict[str, Any]]:
+def localize(
+    ref_model: onnx.ModelProto,
+    ref_dir: Path | None,
+    compared: Compared,
+    feeds: Mapping[str, np.ndarray],
+    provider: str,
+    tmp: Scratch,
+    tol: Tolerance,
+    top: int,
+) -> list[dict[str, Any]]:
     """The first `top` nodes of the main graph, in graph order, where drift starts."""
     ref_names = float_values(ref_model)
     cand_names = {o for node in compared.model.graph.node for o in node.output}
@@ -96,21 +113,34 @@ def localize(ref_model: onnx.ModelProto, ref_dir: Path | None, compared: Compare
         in_shapes_differ = any("shapes" in e for e in ins)
         for out in outs:
             e = errors[out]
-            entry = {"node": node.name or f"{node.op_type}@{index}", "op": node.op_type, "path": str(index), "tensor": out,
-                     "rel_error": e["rel_error"], "input_rel_error": in_rel, "max_abs": e["max_abs"],
-                     "new_nonfinite": e["new_nonfinite"]}
+            entry = {
+                "node": node.name or f"{node.op_type}@{index}",
+                "op": node.op_type,
+                "path": str(index),
+                "tensor": out,
+                "rel_error": e["rel_error"],
+                "input_rel_error": in_rel,
+                "max_abs": e["max_abs"],
+                "new_nonfinite": e["new_nonfinite"],
+            }
             if "shapes" in e:
                 if not in_shapes_differ:
                     ref_shape, cand_shape = e["shapes"]
-                    found.append({**entry, "reason": "shape differs", "reference_shape": ref_shape, "candidate_shape": cand_shape})
+                    found.append(
+                        {
+                            **entry,
+                            "reason": "shape differs",
+                            "reference_shape": ref_shape,
+                            "candidate_shape": cand_shape,
+                        }
+                    )
                     break
                 continue
             nonfinite_appears = e["new_nonfinite"] > 0 and in_nonfinite == 0
-            jump = e["rel_error"] > tol.rtol and e["rel_error"] >= JUMP * max(in_rel, 1e-6)
+            jump = e["rel_error"] > tol.rtol_of_max and e["rel_error"] >= JUMP * max(in_rel, 1e-6)
             if nonfinite_appears or jump:
                 found.append({**entry, "reason": "NaN/Inf appears" if nonfinite_appears else "drift jumps"})
                 break
         if len(found) >= top:
             break
     return found
-

@@ -1,4 +1,10 @@
-"""Drift metrics of one output, and the pass criterion (design.md section 3)."""
+"""Drift metrics of one output, and the pass criterion (README, "Pass criterion").
+
+Tolerance words keep the meaning peers give them: `rtol` is element-wise, as in Polygraphy,
+`np.allclose` and onnxconverter-common (`|c - r| <= atol + rtol * |r|` for every element).
+The default check, which suits f16 better (relative error near zero references is noise), is
+named for what it is: `rtol_of_max`, `max_abs <= atol + rtol_of_max * max|reference|`.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +14,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Tolerance", "OutputDrift", "compare_arrays"]
+__all__ = ["CHECKS", "OutputDrift", "Tolerance", "compare_arrays"]
+
+#: The checks an output is judged by, in the order a report names them.
+CHECKS = ("finite", "shape", "exact", "max-scaled", "element-wise", "cosine")
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Pass criterion of one output: no new NaN/Inf, max_abs <= atol + rtol * max|ref|, and
-    cosine >= min_cosine wherever the reference is not constant."""
+    """Pass criterion of one output: no new NaN/Inf; max_abs <= atol + rtol_of_max * max|ref|;
+    with `rtol` set, |c - r| <= atol + rtol * |r| for every element; and cosine >= min_cosine
+    wherever the reference is not constant."""
 
     atol: float
-    rtol: float
+    rtol_of_max: float
     min_cosine: float
+    rtol: float | None = None  # element-wise; None: not checked
 
 
 @dataclass
@@ -28,33 +39,49 @@ class OutputDrift:
     shape: tuple[int, ...]
     elements: int
     max_abs: float = 0.0
-    max_rel: float = 0.0
+    max_rel: float = 0.0  # max |c - r| / max(|r|, atol): elements near zero are scaled by atol
     mean_abs: float = 0.0
     p99_abs: float = 0.0
     cosine: float | None = None
     snr_db: float | None = None
-    mismatch_pct: float = 0.0
+    mismatch_pct: float = 0.0  # elements over atol + rtol_of_max·|r| (rtol·|r| when rtol is set)
     nan_ref: int = 0
     nan_cand: int = 0
     inf_ref: int = 0
     inf_cand: int = 0
+    new_nan: int = 0  # NaN in the candidate where the reference has none
+    new_inf: int = 0
     worst: dict[str, Any] | None = None
     top1_agreement: float | None = None
     passed: bool = True
     failures: list[str] | None = None
+    failed_checks: list[str] | None = None  # which of CHECKS decided a failure
     tolerance: Tolerance | None = None
-    bound: float | None = None  # atol + rtol * max|reference|: what max_abs was judged against
-    #: How far from passing: the worst of max_abs / bound and (1 - cosine) / (1 - min_cosine);
-    #: at most 1 when those pass; 1e6 per new non-finite value, 1e9 for another failure
-    #: (shapes or non-float values that differ). Repair minimizes it.
+    bound: float | None = None  # atol + rtol_of_max * max|reference|: what max_abs was judged against
+    #: The smallest tolerance that would have passed, each alone: atol (rtol_of_max 0),
+    #: rtol_of_max (atol 0), element-wise rtol (atol 0), min_cosine.
+    required: dict[str, float | None] | None = None
+    #: How far from passing: the worst of max_abs / bound, the element-wise excess and
+    #: (1 - cosine) / (1 - min_cosine); at most 1 when those pass; 1e6 per new non-finite value,
+    #: 1e9 for another failure (shapes or non-float values that differ). Repair minimizes it.
     score: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "tolerance"}
         data["shape"] = list(self.shape)
         if self.tolerance is not None:
-            data["atol"], data["rtol"], data["min_cosine"] = self.tolerance.atol, self.tolerance.rtol, self.tolerance.min_cosine
+            t = self.tolerance
+            data["atol"], data["rtol_of_max"], data["rtol"], data["min_cosine"] = (
+                t.atol,
+                t.rtol_of_max,
+                t.rtol,
+                t.min_cosine,
+            )
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+
+_NONFINITE = 1e6
+_OTHER_FAILURE = 1e9
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -66,85 +93,131 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
     drift = OutputDrift(name, str(ref.dtype), tuple(ref.shape), int(ref.size), tolerance=tol)
-    failures: list[str] = []
     if ref.shape != cand.shape:
-        drift.passed, drift.failures, drift.score = False, [f"shape {cand.shape} != reference {ref.shape}"], _OTHER_FAILURE
-        return drift
+        return _verdict(drift, [("shape", f"shape {cand.shape} != reference {ref.shape}")], _OTHER_FAILURE)
     if ref.dtype.kind not in "fc":
         differ = int(np.count_nonzero(ref != cand))
         drift.mismatch_pct = 100.0 * differ / max(ref.size, 1)
-        if ref.ndim >= 1 and ref.size:
-            drift.top1_agreement = None
         if differ:
-            failures.append(f"{differ} of {ref.size} non-float values differ")
-        drift.passed, drift.failures = not failures, failures or None
-        drift.score = _OTHER_FAILURE if failures else 0.0
-        return drift
+            return _verdict(drift, [("exact", f"{differ} of {ref.size} non-float values differ")], _OTHER_FAILURE)
+        return _verdict(drift, [], 0.0)
     r = ref.astype(np.float64).ravel()
     c = cand.astype(np.float64).ravel()
     drift.nan_ref, drift.nan_cand = int(np.isnan(r).sum()), int(np.isnan(c).sum())
     drift.inf_ref, drift.inf_cand = int(np.isinf(r).sum()), int(np.isinf(c).sum())
-    new_nan = int(np.count_nonzero(np.isnan(c) & ~np.isnan(r)))
-    new_inf = int(np.count_nonzero(np.isinf(c) & ~np.isinf(r)))
-    if new_nan or new_inf:
-        failures.append(f"{new_nan} new NaN and {new_inf} new Inf")
-    new_nonfinite = new_nan + new_inf
+    drift.new_nan = int(np.count_nonzero(np.isnan(c) & ~np.isnan(r)))
+    drift.new_inf = int(np.count_nonzero(np.isinf(c) & ~np.isinf(r)))
+    failures: list[tuple[str, str]] = []
+    new_nonfinite = drift.new_nan + drift.new_inf
+    if new_nonfinite:
+        failures.append(("finite", f"{drift.new_nan} new NaN and {drift.new_inf} new Inf"))
+    score = _NONFINITE * new_nonfinite
     if r.size == 0:
-        drift.passed, drift.failures = not failures, failures or None
-        drift.score = _NONFINITE * new_nonfinite
-        return drift
+        return _verdict(drift, failures, score)
     both = np.isfinite(r) & np.isfinite(c)
     rf, cf = r[both], c[both]
-    diff = np.abs(rf - cf)
-    ref_scale = float(np.max(np.abs(rf))) if rf.size else 0.0
-    if diff.size:
-        drift.max_abs = float(diff.max())
-        drift.mean_abs = float(diff.mean())
-        drift.p99_abs = float(np.percentile(diff, 99))
-        drift.max_rel = float(np.max(diff / np.maximum(np.abs(rf), 1e-12)))
-        bound_elem = tol.atol + tol.rtol * np.abs(rf)
-        drift.mismatch_pct = 100.0 * float(np.count_nonzero(diff > bound_elem)) / r.size
-        k = int(np.argmax(diff))
-        flat_index = int(np.flatnonzero(both)[k])
-        drift.worst = {"index": [int(i) for i in np.unravel_index(flat_index, ref.shape)] if ref.ndim else [],
-                       "reference": float(r[flat_index]), "candidate": float(c[flat_index])}
-        noise = float(np.sum((rf - cf) ** 2))
-        signal = float(np.sum(rf**2))
-        drift.snr_db = _finite_or_none(10 * math.log10(signal / noise)) if noise > 0 and signal > 0 else (None if signal == 0 else math.inf)
-        if drift.snr_db == math.inf:
-            drift.snr_db = None
-        norm = float(np.linalg.norm(rf) * np.linalg.norm(cf))
-        constant = float(np.ptp(rf)) == 0.0
-        if norm > 0:
-            drift.cosine = float(np.dot(rf, cf) / norm)
-        elif not constant:
-            drift.cosine = 0.0
-        bound = tol.atol + tol.rtol * ref_scale
-        drift.bound = bound
-        drift.score = drift.max_abs / bound if bound > 0 else (0.0 if drift.max_abs == 0 else _OTHER_FAILURE)
-        if not constant and rf.size > 1:
-            cosine = drift.cosine if drift.cosine is not None else 0.0
-            gap = 1.0 - cosine
-            drift.score = max(drift.score, gap / (1.0 - tol.min_cosine) if tol.min_cosine < 1 else (0.0 if gap <= 0 else _OTHER_FAILURE))
-        if drift.max_abs > bound:
-            failures.append(f"max_abs {drift.max_abs:.4g} > {bound:.4g} (atol {tol.atol:g} + rtol {tol.rtol:g} * {ref_scale:.4g})")
-        if not constant and rf.size > 1 and (drift.cosine is None or drift.cosine < tol.min_cosine):
-            failures.append(f"cosine {drift.cosine if drift.cosine is not None else float('nan'):.6f} < {tol.min_cosine:g}")
-    elif not new_nan and not new_inf and np.any(np.isfinite(r)):
-        failures.append("no finite values to compare")
+    if rf.size:
+        failures += _float_checks(drift, ref, r, c, rf, cf, both, tol)
+        score = max(score, drift.score)
+    elif not new_nonfinite and np.any(np.isfinite(r)):
+        failures.append(("finite", "no finite values to compare"))
     finite_pattern_differs = int(np.count_nonzero(np.isfinite(r) != np.isfinite(c)))
-    if finite_pattern_differs and not (new_nan or new_inf):
-        failures.append(f"{finite_pattern_differs} values finite in one output only")
+    if finite_pattern_differs and not new_nonfinite:
+        failures.append(("finite", f"{finite_pattern_differs} values finite in one output only"))
     if ref.ndim >= 1 and ref.shape[-1] > 1 and ref.size:
         r2 = np.nan_to_num(ref.astype(np.float64)).reshape(-1, ref.shape[-1])
         c2 = np.nan_to_num(cand.astype(np.float64)).reshape(-1, ref.shape[-1])
         drift.top1_agreement = float(np.mean(np.argmax(r2, axis=-1) == np.argmax(c2, axis=-1)))
-    drift.passed, drift.failures = not failures, failures or None
-    drift.score = max(drift.score, _NONFINITE * new_nonfinite)
+    return _verdict(drift, failures, score)
+
+
+def _float_checks(
+    drift: OutputDrift,
+    ref: np.ndarray,
+    r: np.ndarray,
+    c: np.ndarray,
+    rf: np.ndarray,
+    cf: np.ndarray,
+    both: np.ndarray,
+    tol: Tolerance,
+) -> list[tuple[str, str]]:
+    """Metrics over the positions finite in both, and the max-scaled, element-wise and cosine
+    checks; sets drift.score to the worst of their ratios."""
+    failures: list[tuple[str, str]] = []
+    diff = np.abs(rf - cf)
+    abs_ref = np.abs(rf)
+    ref_scale = float(abs_ref.max())
+    drift.max_abs = float(diff.max())
+    drift.mean_abs = float(diff.mean())
+    drift.p99_abs = float(np.percentile(diff, 99))
+    drift.max_rel = float(np.max(diff / np.maximum(abs_ref, max(tol.atol, 1e-30))))
+    elem_rtol = tol.rtol if tol.rtol is not None else tol.rtol_of_max
+    drift.mismatch_pct = 100.0 * float(np.count_nonzero(diff > tol.atol + elem_rtol * abs_ref)) / r.size
+    k = int(np.argmax(diff))
+    flat_index = int(np.flatnonzero(both)[k])
+    drift.worst = {
+        "index": [int(i) for i in np.unravel_index(flat_index, ref.shape)] if ref.ndim else [],
+        "reference": float(r[flat_index]),
+        "candidate": float(c[flat_index]),
+    }
+    noise = float(np.sum((rf - cf) ** 2))
+    power = float(np.sum(rf**2))
+    drift.snr_db = _finite_or_none(10 * math.log10(power / noise)) if noise > 0 and power > 0 else None
+    norm = float(np.linalg.norm(rf) * np.linalg.norm(cf))
+    constant = float(np.ptp(rf)) == 0.0
+    if norm > 0:
+        drift.cosine = float(np.dot(rf, cf) / norm)
+    elif not constant:
+        drift.cosine = 0.0
+    bound = tol.atol + tol.rtol_of_max * ref_scale
+    drift.bound = bound
+    score = drift.max_abs / bound if bound > 0 else (0.0 if drift.max_abs == 0 else _OTHER_FAILURE)
+    if drift.max_abs > bound:
+        failures.append(
+            (
+                "max-scaled",
+                f"max_abs {drift.max_abs:.4g} > {bound:.4g} "
+                f"(atol {tol.atol:g} + rtol_of_max {tol.rtol_of_max:g} * max|ref| {ref_scale:.4g})",
+            )
+        )
+    nonzero = abs_ref > 0
+    required_rtol = float(np.max(diff[nonzero] / abs_ref[nonzero])) if nonzero.any() else None
+    if tol.rtol is not None:
+        limit = tol.atol + tol.rtol * abs_ref
+        exceeded = diff > limit
+        positive = limit > 0
+        ratios = np.divide(diff, limit, out=np.zeros_like(diff), where=positive)
+        worst_excess = float(ratios.max()) if ratios.size else 0.0
+        if np.any(exceeded & ~positive):  # a difference where the bound is exactly zero
+            worst_excess = max(worst_excess, _OTHER_FAILURE)
+        score = max(score, worst_excess)
+        over = int(np.count_nonzero(exceeded))
+        if over:
+            failures.append(("element-wise", f"{over} elements over atol {tol.atol:g} + rtol {tol.rtol:g} * |ref|"))
+    checks_cosine = not constant and rf.size > 1
+    if checks_cosine:
+        cosine = drift.cosine if drift.cosine is not None else 0.0
+        gap = 1.0 - cosine
+        score = max(
+            score, gap / (1.0 - tol.min_cosine) if tol.min_cosine < 1 else (0.0 if gap <= 0 else _OTHER_FAILURE)
+        )
+        if cosine < tol.min_cosine:
+            failures.append(("cosine", f"cosine {cosine:.7f} < {tol.min_cosine:g}"))
+    drift.required = {
+        "atol": drift.max_abs,
+        "rtol_of_max": drift.max_abs / ref_scale if ref_scale > 0 else None,
+        "rtol": required_rtol,
+        "min_cosine": drift.cosine if checks_cosine else None,
+    }
+    drift.score = score
+    return failures
+
+
+def _verdict(drift: OutputDrift, failures: list[tuple[str, str]], score: float) -> OutputDrift:
+    drift.passed = not failures
+    drift.failures = [text for _, text in failures] or None
+    drift.failed_checks = sorted({check for check, _ in failures}, key=CHECKS.index) or None
+    drift.score = max(score, drift.score)
     if failures and drift.score <= 1.0:
         drift.score = _OTHER_FAILURE
     return drift
-
-
-_NONFINITE = 1e6
-_OTHER_FAILURE = 1e9
