@@ -1,7 +1,7 @@
 PYTHON ?= python3
 BENCH_DATA ?= /work/bench_data
 
-.PHONY: install demo test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
+.PHONY: install demo lint test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
 
 install:
 	$(PYTHON) -m pip install -e ".[test,export]"
@@ -9,10 +9,15 @@ install:
 demo:
 	rlx-amp fixtures/models/demo_transformer.onnx --policy auto-mixed -o demo_auto_mixed.onnx --verify --report-md demo_report.md
 
-test:
+# Lint and types first (seconds), then the tests.
+lint:
+	$(PYTHON) -m ruff check rlx_onnx_amp
+	$(PYTHON) -m mypy
+
+test: lint
 	$(PYTHON) -m pytest -q
 
-test-fast:
+test-fast: lint
 	$(PYTHON) -m pytest -q -m "not slow"
 
 fixtures:
@@ -41,3 +46,11 @@ FUZZ_DIR ?= /tmp/rlx-amp-fuzz
 fuzz:
 	rm -rf $(FUZZ_DIR)
 	$(PYTHON) -m tests.fuzz_mutants --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) --workdir $(FUZZ_DIR) --check-inputs --summary --strict 2>$(FUZZ_DIR).log
+
+# rlx-amp --repair over torchvision classifiers and detectors (random weights). The export needs
+# a separate venv: python3 -m venv /work/tv-venv && /work/tv-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 onnx onnxscript
+TV_PYTHON ?= /work/tv-venv/bin/python
+.PHONY: bench-repair-zoo
+bench-repair-zoo:
+	$(TV_PYTHON) bench/export_torchvision.py $(BENCH_DATA)/torchvision
+	$(PYTHON) bench/repair_zoo.py --data-dir $(BENCH_DATA)/torchvision

@@ -35,9 +35,8 @@ def main(argv: list[str] | None = None) -> None:
             command.main(args=argv, prog_name="rlx-amp", standalone_mode=False)
         except click.exceptions.Exit as e:  # --help, --version
             sys.exit(e.exit_code)
-        except click.ClickException as e:
-            e.show()
-            sys.exit(e.exit_code)
+        except click.ClickException as e:  # usage errors: one short line naming the option
+            _stop(e.format_message(), e.exit_code)
         except click.Abort:  # click's name for Ctrl-C
             _stop("interrupted; nothing written", EXIT_SIGINT)
     except KeyboardInterrupt:

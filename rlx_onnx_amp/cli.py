@@ -299,6 +299,7 @@ def main() -> None:
     rlx-amp MODEL --policy auto-mixed -o OUT.onnx      convert (the default command)
     rlx-amp inspect MODEL [--policy P]                 what each kind and op would get
     rlx-amp verify REFERENCE CANDIDATE                 measure output drift
+    rlx-amp demo [PATH]                                write the bundled demo model
     """
 
 
@@ -712,6 +713,27 @@ def verify_cmd(
         return EXIT_OK if result.passed else EXIT_DRIFT
 
     _run_guarded(run, (reference, candidate))
+
+
+@main.command("demo")
+@click.argument("path", default="demo_transformer.onnx", metavar="[PATH]")
+def demo_cmd(path: str) -> None:
+    """Write the bundled demo model (a transformer block with a -1e9 attention mask) to PATH."""
+
+    def run() -> int:
+        from importlib import resources
+
+        paths = RunPaths()
+        paths.write(path, "demo model")
+        paths.check()
+        data = resources.files("rlx_onnx_amp.data").joinpath("demo_transformer.onnx").read_bytes()
+        with OutputSet() as outputs:
+            outputs.write_bytes(path, data)
+            outputs.commit()
+        click.echo(f"wrote {path}; try: rlx-amp {path} --policy auto-mixed -o demo_auto_mixed.onnx --verify")
+        return EXIT_OK
+
+    _run_guarded(run)
 
 
 @main.command("inspect")
