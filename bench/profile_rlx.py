@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import importlib
 
     api = importlib.import_module("rlx_onnx_amp.api")
-    convert = importlib.import_module("rlx_onnx_amp.convert")  # the module, not the function
+    convert = importlib.import_module("rlx_onnx_amp.rewrite")  # the module, not the function
     types = importlib.import_module("rlx_onnx_amp.types")
 
     rss_start, _ = _status()

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.api import (
         make_options as make_options,
     )
-    from rlx_onnx_amp.convert import ConvertOptions as ConvertOptions
     from rlx_onnx_amp.errors import (
         AmpError as AmpError,
     )
@@ -41,14 +40,19 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.policy import policy_from_name as policy_from_name
     from rlx_onnx_amp.precision import Precision as Precision
     from rlx_onnx_amp.report import ConversionReport as ConversionReport
+    from rlx_onnx_amp.rewrite import ConvertOptions as ConvertOptions
     from rlx_onnx_amp.taxonomy import OpKind as OpKind
 
 _HOMES = {
     "convert": "api",
+    "write_demo": "api",
+    "verify": "verification",
+    "VerifyOptions": "verification",
+    "VerifyReport": "verification",
     "convert_file": "api",
     "load_model": "api",
     "make_options": "api",
-    "ConvertOptions": "convert",
+    "ConvertOptions": "rewrite",
     "AmpError": "errors",
     "InputError": "errors",
     "ModelRunError": "errors",

@@ -8,18 +8,19 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
-from rlx_onnx_amp.convert import ConvertOptions, convert_model
 from rlx_onnx_amp.errors import AmpError, InputError
 from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writable, content_data_name
 from rlx_onnx_amp.kernels import Target
-from rlx_onnx_amp.policy import Policy, policy_from_name
+from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.taxonomy import OpKind
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes
 from rlx_onnx_amp.types import all_tensors
@@ -33,6 +34,7 @@ __all__ = [
     "plan_model_reads",
     "resolve_policy",
     "stage_conversion",
+    "write_demo",
 ]
 
 logger = logging.getLogger(__name__)
@@ -42,8 +44,22 @@ logger = logging.getLogger(__name__)
 EXTERNAL_THRESHOLD = 1_800_000_000
 
 
-def resolve_policy(policy: Policy | str, kind_map: Mapping[OpKind, Precision] | None = None) -> Policy:
-    return policy if isinstance(policy, Policy) else policy_from_name(policy, kind_map)
+#: A custom policy's kind map: kinds and precisions as enums or as the CLI spells them.
+KindMap = Mapping[OpKind, Precision] | Mapping[str, str]
+
+
+def resolve_policy(policy: Policy | str, kind_map: KindMap | None = None) -> Policy:
+    """A policy by name (with `kind_map` for "custom"); `kind_map` may use strings
+    ({"compute": "f16"}), checked as `--map` is: a bad kind or precision is a PolicyError."""
+    if isinstance(policy, Policy):
+        return policy
+    return policy_from_name(policy, kind_map_from(kind_map) if kind_map is not None else None)
+
+
+def _options(options: ConvertOptions | None, option_kwargs: Mapping[str, Any]) -> ConvertOptions:
+    if options is not None and option_kwargs:
+        raise TypeError("give options= or option keywords, not both")
+    return options or make_options(**option_kwargs)
 
 
 def make_options(
@@ -108,6 +124,21 @@ def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[Model
     return model, tensors
 
 
+def write_demo(path: str | os.PathLike[str]) -> Path:
+    """Write the bundled demo model (a transformer block with a -1e9 attention mask) to `path`,
+    whole or not at all; the same model as `rlx-amp demo`."""
+    from importlib import resources
+
+    paths = RunPaths()
+    paths.write(path, "demo model")
+    paths.check()
+    data = resources.files("rlx_onnx_amp.data").joinpath("demo_transformer.onnx").read_bytes()
+    with OutputSet() as outputs:
+        outputs.write_bytes(path, data)
+        outputs.commit()
+    return Path(path)
+
+
 def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -> None:
     """Add a model file and the external data files it reads to a run's plan."""
     paths.read(path, role)
@@ -124,7 +155,7 @@ def convert(
     model: ModelProto | str | os.PathLike[str],
     policy: Policy | str = "auto-mixed",
     *,
-    kind_map: Mapping[OpKind, Precision] | None = None,
+    kind_map: KindMap | None = None,
     report: ConversionReport | None = None,
     options: ConvertOptions | None = None,
     **option_kwargs: object,
@@ -136,7 +167,7 @@ def convert(
     keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu").
     """
     resolved = resolve_policy(policy, kind_map)
-    opts = options or make_options(**option_kwargs)  # type: ignore[arg-type]
+    opts = _options(options, option_kwargs)
     if isinstance(model, ModelProto):
         work = ModelProto()
         work.CopyFrom(model)
@@ -157,18 +188,21 @@ def convert_file(
     output_path: str | os.PathLike[str],
     policy: Policy | str = "auto-mixed",
     *,
-    kind_map: Mapping[OpKind, Precision] | None = None,
+    kind_map: KindMap | None = None,
     options: ConvertOptions | None = None,
     data_name: str | None = None,
     check: bool = True,
     report: ConversionReport | None = None,
     progress: Callable[[int, int], None] | None = None,
+    **option_kwargs: Any,
 ) -> ConversionReport:
     """Convert a model file to `output_path`, streaming weights stored as external data.
 
     The output appears only when it is complete and passes the checker, and replaces an
     earlier file at `output_path` (with its data file) in one step; see `rlx_onnx_amp.files`.
-    `progress(done, total)` is called with weight bytes as tensors are written.
+    `progress(done, total)` is called with weight bytes as tensors are written. The option
+    keywords are those of `convert` (keep_io_types, keep_f32_ops, keep_f32_nodes,
+    keep_f32_paths, target).
     """
     paths = RunPaths()
     with OutputSet() as outputs:
@@ -179,7 +213,7 @@ def convert_file(
             paths,
             policy,
             kind_map=kind_map,
-            options=options,
+            options=_options(options, option_kwargs),
             data_name=data_name,
             check=check,
             report=report,
@@ -205,7 +239,7 @@ def stage_conversion(
     paths: RunPaths,
     policy: Policy | str = "auto-mixed",
     *,
-    kind_map: Mapping[OpKind, Precision] | None = None,
+    kind_map: KindMap | None = None,
     options: ConvertOptions | None = None,
     data_name: str | None = None,
     check: bool = True,

@@ -28,15 +28,15 @@ import click
 from click.core import ParameterSource
 
 from rlx_onnx_amp import render
-from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion
+from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion, write_demo
 from rlx_onnx_amp.errors import AmpError, InputError, Terminated
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
-from rlx_onnx_amp.verify import InputSpec, VerifyOptions, VerifyReport, resolve_provider, verify
-from rlx_onnx_amp.verify.inputs import parse_range, parse_shape
+from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, resolve_provider, verify
+from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
 EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE
@@ -721,15 +721,7 @@ def demo_cmd(path: str) -> None:
     """Write the bundled demo model (a transformer block with a -1e9 attention mask) to PATH."""
 
     def run() -> int:
-        from importlib import resources
-
-        paths = RunPaths()
-        paths.write(path, "demo model")
-        paths.check()
-        data = resources.files("rlx_onnx_amp.data").joinpath("demo_transformer.onnx").read_bytes()
-        with OutputSet() as outputs:
-            outputs.write_bytes(path, data)
-            outputs.commit()
+        write_demo(path)
         click.echo(f"wrote {path}; try: rlx-amp {path} --policy auto-mixed -o demo_auto_mixed.onnx --verify")
         return EXIT_OK
 

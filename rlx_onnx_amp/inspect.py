@@ -6,9 +6,9 @@ from typing import Any
 
 from onnx import ModelProto
 
-from rlx_onnx_amp.convert import ConvertOptions, convert_model
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 
 __all__ = ["inspect_model"]
 

@@ -1,4 +1,4 @@
-"""Precision policies: a declarative map from op kind to precision (design.md section 1)."""
+"""Precision policies: a declarative map from op kind to precision (docs/design.md, "Op taxonomy and policies")."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlx_onnx_amp.errors import PolicyError
 from rlx_onnx_amp.precision import Precision
@@ -80,6 +81,17 @@ def _kind_precision(kind: str, precision: str, where: str) -> tuple[OpKind, Prec
             "their types at the boundary and take their consumers' precision inside"
         )
     return k, p
+
+
+def kind_map_from(mapping: Mapping[Any, Any]) -> dict[OpKind, Precision]:
+    """A kind map given in the API: OpKind/Precision members or their names ("compute": "f16")."""
+    result: dict[OpKind, Precision] = {}
+    for kind, precision in mapping.items():
+        k = kind.value if isinstance(kind, OpKind) else str(kind)
+        p = precision.value if isinstance(precision, Precision) else str(precision)
+        key, value = _kind_precision(k, p, where="kind_map")
+        result[key] = value
+    return result
 
 
 def parse_kind_map(text: str) -> dict[OpKind, Precision]:

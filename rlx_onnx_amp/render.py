@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_onnx_amp.report import ConversionReport
-from rlx_onnx_amp.verify.metrics import OutputDrift
+from rlx_onnx_amp.verification.metrics import OutputDrift
 
 __all__ = [
     "DRIFT_COLUMNS",

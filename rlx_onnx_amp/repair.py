@@ -39,15 +39,15 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
-from rlx_onnx_amp.convert import ConvertOptions
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types
-from rlx_onnx_amp.verify.compare import (
+from rlx_onnx_amp.verification.compare import (
     Compared,
     Scratch,
     Session,
@@ -58,11 +58,11 @@ from rlx_onnx_amp.verify.compare import (
     stack_samples,
     tolerance_for,
 )
-from rlx_onnx_amp.verify.core import VerifyReport, check_output_names, verify
-from rlx_onnx_amp.verify.emulate import emulate
-from rlx_onnx_amp.verify.inputs import check_feeds, load_inputs, synthesize
-from rlx_onnx_amp.verify.localize import expose_outputs, localize
-from rlx_onnx_amp.verify.metrics import Tolerance
+from rlx_onnx_amp.verification.core import VerifyReport, check_output_names, verify
+from rlx_onnx_amp.verification.emulate import emulate
+from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesize
+from rlx_onnx_amp.verification.localize import expose_outputs, localize
+from rlx_onnx_amp.verification.metrics import Tolerance
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "best_key", "magnitude_screen", "repair_file"]
 
@@ -372,7 +372,9 @@ def _repair(
             if screen:
                 current = search.step("magnitude screen", screen)
         tol = tolerance_for("", precision, verify_options)
-        while not current.passed and search.left >= 1:
+        # Until some candidate passes: a bisection can pass on a half and end on a failing node,
+        # and starting over from there would only add nodes that do not help.
+        while not search.best.passed and search.left >= 1:
             named = []
             for found in ev.localize_first(tol):
                 if found["path"] in current.keep:

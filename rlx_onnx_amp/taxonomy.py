@@ -438,14 +438,14 @@ OP_KINDS: Mapping[tuple[str, str], OpKind] = {
 }
 
 #: Ops whose float output type is given by a tensor attribute and whose precision follows
-#: their consumers, like an initializer does (design rule 6).
+#: their consumers, like an initializer does (rule source-follows-consumers).
 SOURCE_VALUE_ATTRIBUTES: Mapping[str, str] = {
     "Constant": "value",
     "ConstantOfShape": "value",
 }
 
 #: Ops whose float output type is given by an integer `dtype`-like attribute; when such a node
-#: is lowered the attribute is rewritten to agree (design rule 9).
+#: is lowered the attribute is rewritten to agree (rule typed-attributes).
 TYPE_ATTRIBUTES: Mapping[str, str] = {
     "Bernoulli": "dtype",
     "EyeLike": "dtype",
@@ -463,7 +463,7 @@ def kind_of(domain: str, op_type: str) -> OpKind | None:
     return OP_KINDS.get((domain, op_type))
 
 
-#: Ops whose types are their meaning: a Cast's `to` is the user's explicit choice (rule 4) and
+#: Ops whose types are their meaning: a Cast's `to` is the user's explicit choice (rule cast-keeps-to) and
 #: BitCast reinterprets bits, so these keep their types under every policy.
 FIXED_TYPE_OPS: frozenset[str] = frozenset({"BitCast", "Cast", "CastLike"})
 
@@ -473,7 +473,7 @@ ATTRIBUTE_TYPED_VARS: Mapping[str, frozenset[str]] = {
     "LayerNormalization": frozenset({"U"}),
 }
 
-#: Tensor attributes whose element type must match the node's float inputs (design rule 9):
+#: Tensor attributes whose element type must match the node's float inputs (rule typed-attributes):
 #: converted with the node when it is lowered.
 TYPED_TENSOR_ATTRIBUTES: Mapping[str, tuple[str, ...]] = {
     "TreeEnsemble": ("leaf_weights", "membership_values", "nodes_splits"),

@@ -12,7 +12,7 @@ from onnx import TensorProto
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, Fixture, write_external
 from rlx_onnx_amp import ConversionReport, convert, convert_file
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.verify.emulate import emulate
+from rlx_onnx_amp.verification.emulate import emulate
 from tests.helpers import (
     LOW, POLICIES, all_graphs, all_nodes, assert_close, cast_duplicates, data_file, elem_types, feeds_for, integer_digest,
     run, value_names,
@@ -301,12 +301,12 @@ def test_schema_typing_starts_over_with_inference_when_a_late_value_cannot_be_ty
     del model.graph.output[:]
     model.graph.output.extend([helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
     report = ConversionReport()
-    with caplog.at_level("DEBUG", logger="rlx_onnx_amp.convert"):
+    with caplog.at_level("DEBUG", logger="rlx_onnx_amp.rewrite"):
         converted = convert(model, "always-f16", report=report)
     assert any("schema typing gave up (output 'noise' of RandomNormalLike)" in r.message for r in caplog.records)
     onnx.checker.check_model(converted, full_check=True)
     noise = next(n for n in converted.graph.node if n.name == "noise")
-    assert [a.i for a in noise.attribute if a.name == "dtype"] == [TensorProto.FLOAT16]  # lowered with its node (rule 9)
+    assert [a.i for a in noise.attribute if a.name == "dtype"] == [TensorProto.FLOAT16]  # lowered with its node (rule typed-attributes)
     assert report.decisions == {str(i): "f16" for i in range(len(model.graph.node))}
     assert converted.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     out = run(converted, {"x": np.ones(4, np.float32)})[0]

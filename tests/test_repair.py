@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from rlx_onnx_amp import ModelRunError, make_options, repair
 from rlx_onnx_amp.repair import repair_file
-from rlx_onnx_amp.verify import VerifyOptions
+from rlx_onnx_amp.verification import VerifyOptions
 
 
 def rlx(*args: str) -> subprocess.CompletedProcess[str]:
@@ -157,9 +157,9 @@ def test_repair_emulates_a_candidate_the_provider_cannot_load(tmp_path: Path, mo
     # As on a provider that runs low precision natively (no emulation by default) but lacks a
     # kernel the candidate needs: bf16 for CUDA on the CPU provider. Repair falls back to
     # emulation, as verify does, instead of stopping with "cannot run".
-    import rlx_onnx_amp.verify.compare
+    import rlx_onnx_amp.verification.compare
 
-    monkeypatch.setattr(rlx_onnx_amp.verify.compare, "emulation_reason", lambda *args: None)
+    monkeypatch.setattr(rlx_onnx_amp.verification.compare, "emulation_reason", lambda *args: None)
     src = tmp_path / "block.onnx"
     onnx.save(HEALTHY["transformer_block"]().model, str(src))
     out = tmp_path / "out.onnx"

@@ -48,7 +48,7 @@ def test_ai_onnx_alias_and_unknown_ops() -> None:
     assert kind_of("my.domain", "MatMul") is None
 
 
-# design.md section 1, row by row.
+# docs/design.md, "Op taxonomy and policies", row by row.
 TABLE = {
     "always-f32": ("f32", "f32", "f32", "f32"),
     "always-f16": ("f16", "f16", "f16", "f16"),

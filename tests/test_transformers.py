@@ -30,7 +30,7 @@ from onnx import TensorProto, numpy_helper
 
 import rlx_onnx_amp
 from rlx_onnx_amp import ConversionReport
-from rlx_onnx_amp.verify.emulate import emulate
+from rlx_onnx_amp.verification.emulate import emulate
 from tests.helpers import data_file
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ from onnx import helper as h
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from rlx_onnx_amp import convert_file
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.verify import InputSpec, Tolerance, compare_arrays
-from rlx_onnx_amp.verify.inputs import synthesize
+from rlx_onnx_amp.verification import InputSpec, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.inputs import synthesize
 from tests.helpers import data_file
 
 TOL = Tolerance(1e-2, 1e-2, 0.999)

@@ -3,10 +3,10 @@ localization."""
 
 from __future__ import annotations
 
-from rlx_onnx_amp.verify.compare import PROVIDERS, VerifyOptions, resolve_provider
-from rlx_onnx_amp.verify.core import VerifyReport, verify
-from rlx_onnx_amp.verify.inputs import InputSpec
-from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.compare import PROVIDERS, VerifyOptions, resolve_provider
+from rlx_onnx_amp.verification.core import VerifyReport, verify
+from rlx_onnx_amp.verification.inputs import InputSpec
+from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
 
 __all__ = [
     "PROVIDERS",

@@ -62,8 +62,9 @@ class OutputDrift:
     #: rtol_of_max (atol 0), element-wise rtol (atol 0), min_cosine.
     required: dict[str, float | None] | None = None
     #: How far from passing: the worst of max_abs / bound, the element-wise excess and
-    #: (1 - cosine) / (1 - min_cosine); at most 1 when those pass; 1e6 per new non-finite value,
-    #: 1e9 for another failure (shapes or non-float values that differ). Repair minimizes it.
+    #: (1 - cosine) / (1 - min_cosine); at most 1 when those pass; 1e6 per new non-finite value;
+    #: 1 + 1000 x the share of non-float values that differ; 1e9 for a shape that differs.
+    #: Repair minimizes it.
     score: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -82,6 +83,7 @@ class OutputDrift:
 
 _NONFINITE = 1e6
 _OTHER_FAILURE = 1e9
+_DIFFER_WEIGHT = 1e3  # a non-float output whose values all differ scores 1001
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -98,8 +100,9 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
     if ref.dtype.kind not in "fc":
         differ = int(np.count_nonzero(ref != cand))
         drift.mismatch_pct = 100.0 * differ / max(ref.size, 1)
-        if differ:
-            return _verdict(drift, [("exact", f"{differ} of {ref.size} non-float values differ")], _OTHER_FAILURE)
+        if differ:  # graded, so a search still sees which candidate moves fewer of them
+            score = 1.0 + _DIFFER_WEIGHT * differ / ref.size
+            return _verdict(drift, [("exact", f"{differ} of {ref.size} non-float values differ")], score)
         return _verdict(drift, [], 0.0)
     r = ref.astype(np.float64).ravel()
     c = cand.astype(np.float64).ravel()

@@ -1,22 +1,22 @@
-"""The mixed-precision rewrite (design.md section 2).
+"""The mixed-precision rewrite (docs/design.md, "Rewrite rules").
 
 The pass runs in three sweeps over every graph scope (main graph and If/Loop/Scan bodies):
 
 1. **Decide.** Each node gets a precision from its op kind through the policy, unless it is
    kept in its original types because:
    (a) its schema at the model's opset does not admit the target type for any of its float
-       type variables (a variable that does not admit it keeps its type alone, rule 3),
+       type variables (a variable that does not admit it keeps its type alone, rule type-variable),
    (b) the user said so (op type, node-name pattern, or node path from repair),
    (c) the taxonomy does not know the op, or
    (d) it holds a subgraph: control-flow interfaces keep their types, bodies are rewritten.
-   `Cast` keeps its `to` (rule 4); Constant/ConstantOfShape are sources (rule 6).
+   `Cast` keeps its `to` (rule cast-keeps-to); Constant/ConstantOfShape are sources (rule source-follows-consumers).
 2. **Store.** Each float value gets a storage type: node outputs from their producer's
    decision; initializers and Constant values are narrowed in place when every consumer wants
-   the same low precision (rule 6); graph inputs and outputs keep their type (rule 5).
+   the same low precision (rule source-follows-consumers); graph inputs and outputs keep their type (rule io-types).
 3. **Emit.** Each consumer reads each input at the type it requires; a mismatch is served by
-   one Cast per (value, type) in each scope (rule 7), or by the input of an existing widening
+   one Cast per (value, type) in each scope (rule one-cast-per-value), or by the input of an existing widening
    Cast (a chain that adds nothing is folded). Graph outputs computed in low precision get a
-   Cast back under their original name (rule 10).
+   Cast back under their original name (rule names-kept).
 
 Names of original values are kept on the values that carried them, so a verifier can compare
 any intermediate tensor by name.
@@ -128,7 +128,7 @@ class NodeDecision:
     output_types: dict[int, int] = field(default_factory=dict)
     reason: str | None = None  # why it was kept, when the policy wanted it lower
     source: bool = False  # a Constant-like node whose type follows its consumers
-    keepable: bool = False  # the policy wants it lower, so a user keep (rule 2b) applies to it
+    keepable: bool = False  # the policy wants it lower, so a user keep (rule user-keep) applies to it
 
     @property
     def label(self) -> str:
@@ -437,7 +437,7 @@ class _Converter:
 
     def _apply_user_keep(self, d: NodeDecision) -> None:
         """Keep a node the policy would lower in its original types if the user said so: the
-        user's word comes before kernel, QDQ and schema reasons (rule 2b)."""
+        user's word comes before kernel, QDQ and schema reasons (rule user-keep)."""
         reason = self._user_keep(d.node, d.path)
         if reason:
             d.precision, d.reason = None, reason
@@ -535,7 +535,7 @@ class _Converter:
             if k < len(ins):
                 d.input_types[k] = None
         if op in FIXED_TYPE_OPS:
-            return d  # keeps its `to` (rule 4); consumers at another type get a Cast after it
+            return d  # keeps its `to` (rule cast-keeps-to); consumers at another type get a Cast after it
         if NON_TENSOR in in_types or NON_TENSOR in out_types:
             d.reason = "sequence/optional values keep their types"
             return d
@@ -703,7 +703,7 @@ class _Converter:
             inner = producer.inputs[0]
             inner_type = owner.storage_type(inner) if owner else None
             if inner_type == want and have == _F32:
-                # Cast(low -> f32) read back at low: the chain adds nothing (rule 7).
+                # Cast(low -> f32) read back at low: the chain adds nothing (rule one-cast-per-value).
                 result = self.resolve(scope, inner, want, position)
                 scope.cast_cache[key] = result
                 return result
@@ -742,7 +742,7 @@ class _Converter:
         count = len(scope.decisions)
         scope.positions = list(range(1, 3 * count, 3))
         # Main-graph outputs computed low are renamed at their producer; the Cast back takes
-        # the original name (rule 10) and goes right after the producer: a consumer of the
+        # the original name (rule names-kept) and goes right after the producer: a consumer of the
         # output may follow it.
         back: dict[str, tuple[str, int]] = {}
         if is_main:

@@ -28,8 +28,8 @@ import onnx
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.types import model_types
-from rlx_onnx_amp.verify.compare import Compared, Scratch, round_feeds
-from rlx_onnx_amp.verify.metrics import Tolerance
+from rlx_onnx_amp.verification.compare import Compared, Scratch, round_feeds
+from rlx_onnx_amp.verification.metrics import Tolerance
 
 __all__ = ["JUMP", "expose_outputs", "localize", "tensor_errors"]
 

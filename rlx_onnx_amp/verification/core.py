@@ -14,7 +14,7 @@ from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.precision import PRECISIONS
-from rlx_onnx_amp.verify.compare import (
+from rlx_onnx_amp.verification.compare import (
     PROVIDERS,
     Progress,
     Scratch,
@@ -26,9 +26,9 @@ from rlx_onnx_amp.verify.compare import (
     run_samples,
     tolerance_for,
 )
-from rlx_onnx_amp.verify.inputs import check_feeds, load_inputs, save_inputs, synthesize
-from rlx_onnx_amp.verify.localize import localize
-from rlx_onnx_amp.verify.metrics import OutputDrift
+from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, save_inputs, synthesize
+from rlx_onnx_amp.verification.localize import localize
+from rlx_onnx_amp.verification.metrics import OutputDrift
 
 __all__ = ["PROVIDERS", "VerifyOptions", "VerifyReport", "check_output_names", "resolve_provider", "verify"]
 

@@ -23,9 +23,9 @@ from rlx_onnx_amp.files import ScratchDir
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
-from rlx_onnx_amp.verify.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verify.inputs import InputSpec
-from rlx_onnx_amp.verify.metrics import OutputDrift, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
+from rlx_onnx_amp.verification.inputs import InputSpec
+from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
 
 __all__ = [
     "PROVIDERS",
