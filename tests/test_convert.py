@@ -91,6 +91,26 @@ def _node(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
     return next(n for n in all_nodes(model) if n.name == name)
 
 
+def _path_of(model: onnx.ModelProto, name: str) -> str:
+    """The node path (index, prefixed by its body's path) of the node named `name`."""
+
+    def walk(graph: onnx.GraphProto, prefix: str) -> str | None:
+        for i, node in enumerate(graph.node):
+            if node.name == name:
+                return f"{prefix}{i}"
+            for attr in node.attribute:
+                bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                for body in bodies:
+                    found = walk(body, f"{prefix}{i}/{attr.name}/")
+                    if found is not None:
+                        return found
+        return None
+
+    path = walk(model.graph, "")
+    assert path is not None, name
+    return path
+
+
 def _init(model: onnx.ModelProto, name: str) -> onnx.TensorProto:
     return next(t for g in all_graphs(model.graph) for t in g.initializer if t.name == name)
 
@@ -182,10 +202,11 @@ def test_qdq_region_stays_f32() -> None:
 def test_control_flow_bodies_are_rewritten() -> None:
     report = ConversionReport()
     converted = convert(HEALTHY["control_flow"]().model, "always-f16", report=report)
-    inner = _node(converted, "inner_tanh")
-    then_mul = _node(converted, "then_mul")
-    assert inner and then_mul
-    assert report.decisions  # every node has a decision
+    # Every node of the original, bodies included, has a decision; the body nodes run in f16.
+    original = HEALTHY["control_flow"]().model
+    assert len(report.decisions) == sum(1 for _ in all_nodes(original))
+    assert report.decisions[_path_of(original, "inner_tanh")] == "f16"
+    assert report.decisions[_path_of(original, "then_mul")] == "f16"
     kept = {k.node: k.reason for k in report.kept_f32}
     assert kept["branch"].startswith("control-flow") and kept["outer_loop"].startswith("control-flow")
     inferred = elem_types(onnx.shape_inference.infer_shapes(converted))
@@ -250,9 +271,24 @@ def test_external_data_streaming_matches_in_memory(chunk: int, tmp_path: Path, m
     assert_close(run(str(src), feeds), run(str(tmp_path / "out_always-f16.onnx"), feeds), 2e-2, 2e-2)
 
 
-def test_precision_table_has_onnx_types() -> None:
-    assert Precision.F16.elem_type == TensorProto.FLOAT16
-    assert Precision.BF16.elem_type == TensorProto.BFLOAT16
+def test_precision_table_agrees_with_numpy_and_onnx() -> None:
+    """The precision table's facts, derived: each element type maps to its numpy type, whose
+    largest finite value and smallest subnormal the table repeats."""
+    from onnx import helper
+
+    from rlx_onnx_amp.precision import PRECISIONS
+
+    for info in PRECISIONS.values():
+        assert helper.tensor_dtype_to_np_dtype(info.elem_type) == info.np_dtype
+        limits = np.finfo(info.np_dtype) if info.np_dtype != np.dtype("bfloat16") else __import__("ml_dtypes").finfo(info.np_dtype)
+        assert float(limits.max) == info.max_finite and float(limits.smallest_subnormal) == info.smallest_subnormal
+        assert float(limits.smallest_normal) == info.smallest_normal
+        if info.precision is Precision.F32:
+            continue
+        # An f32 value at overflow_at rounds to Inf, the f32 value just below it does not.
+        at = np.float32(info.overflow_at)
+        assert np.isinf(np.array(at).astype(info.np_dtype))
+        assert np.isfinite(np.array(np.nextafter(at, np.float32(0))).astype(info.np_dtype))
 
 
 def _repeated_chain(n: int = 6) -> onnx.ModelProto:

@@ -11,6 +11,7 @@ import pytest
 import numpy as np
 
 from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp.verification import VerifyOptions, verify
 from tests.helpers import POLICIES, assert_close, cast_duplicates, feeds_for, run
 
 
@@ -48,13 +49,21 @@ def test_light_model(path: Path, policy: str, tmp_path: Path) -> None:
             assert all(k.reason.startswith("schema") for k in report.kept_f32 if k.op != "Constant")
         return  # no bf16 kernels on onnxruntime's CPU provider; see test_verify for emulated numbers
     feeds = feeds_for(None, model)
-    actual = run(str(out), feeds)
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    # The f16 numbers are judged on the emulated candidate (onnxruntime's CPU provider would
+    # compute most f16 nodes in f32 and hide what f16 does).
+    result = verify(path, out, VerifyOptions(provider="cpu", inputs=str(tmp_path / "feeds.npz")))
+    assert result.emulated == (policy != "always-f32")
     if policy != "always-f32" and _largest_intermediate(model, feeds) > 65504:
         # The light models' synthetic weights drive activations past the f16 range (squeezenet
-        # reaches 6e9): such a model runs, and its drift is the verifier's to report.
+        # reaches 6e9, vgg19 2e31): in f16 they become Inf and then NaN, and the verifier says so.
+        assert not result.passed
+        assert {check for o in result.outputs for check in o.failed_checks or []} == {"finite"}
+        assert all(o.new_nan + o.new_inf > 0 for o in result.outputs if not o.passed)
         return
+    assert result.passed, [o.failures for o in result.outputs]
     tol = 0.0 if policy == "always-f32" else 3e-2
-    assert_close(run(model, feeds), actual, tol, tol, min_cosine=0.999 if tol else 1.0)
+    assert_close(run(model, feeds), run(str(out), feeds), tol, tol, min_cosine=0.999 if tol else 1.0)
 
 
 @pytest.mark.parametrize("path", LIGHT, ids=lambda p: p.stem)

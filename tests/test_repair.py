@@ -16,7 +16,7 @@ from onnx import helper as h
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 import onnxruntime as ort
 
-from rlx_onnx_amp import ModelRunError, make_options, repair
+from rlx_onnx_amp import ModelRunError, make_options
 from rlx_onnx_amp.repair import repair_file
 from rlx_onnx_amp.verification import VerifyOptions
 
