@@ -64,7 +64,7 @@ from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesiz
 from rlx_onnx_amp.verification.localize import expose_outputs, localize
 from rlx_onnx_amp.verification.metrics import Tolerance
 
-__all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "best_key", "magnitude_screen", "repair_file"]
+__all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key", "magnitude_screen", "repair_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,16 @@ ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
 
 #: A tensor whose non-zero values flush to zero at least this often is an underflow region.
 MOSTLY_FLUSHED = 0.5
+
+
+@dataclass
+class Screen:
+    """What the magnitude screen keeps; `consumers_only`: the nodes kept only because they read
+    a flagged tensor, whose own outputs are in range (a Sigmoid of a tiny value is 0.5 either
+    way), which minimization tries to give back first."""
+
+    keep: dict[str, str] = field(default_factory=dict)
+    consumers_only: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -140,10 +150,11 @@ def magnitude_screen(
     precision: Precision,
     provider: str,
     tmp: Scratch,
-) -> dict[str, str]:
+) -> Screen:
     """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
     weights and constants narrowed as `candidate` holds them (a -3.4e38 mask clamped to -65504
-    is no overflow). Only main-graph tensors: bodies are left to localization and bisection."""
+    is no overflow). Only main-graph tensors: bodies are left to localization and bisection.
+    """
     info = PRECISIONS[precision]
     model, _ = emulate(model, candidate, computed=False)
     types = model_types(model)
@@ -159,8 +170,11 @@ def magnitude_screen(
             consumers.setdefault(name, []).append((i, k))
     keep: dict[str, str] = {}
 
+    producers: set[str] = set()
+
     def keep_with_consumers(name: str, reason: str, only: list[int] | None = None) -> None:
         keep.setdefault(producer[name], reason)
+        producers.add(producer[name])
         for i in only if only is not None else [i for i, _ in consumers.get(name, [])]:
             keep.setdefault(str(i), reason)
 
@@ -169,7 +183,8 @@ def magnitude_screen(
         finite = v[np.isfinite(v)]
         if not finite.size:
             continue
-        if float(finite.max()) >= info.overflow_at:
+        largest = float(finite.max())
+        if largest >= info.overflow_at:
             keep_with_consumers(name, "overflow")
             continue
         nonzero = finite[finite != 0]
@@ -184,7 +199,7 @@ def magnitude_screen(
             ]
             if singular:
                 keep_with_consumers(name, "underflow", singular)
-    return keep
+    return Screen(keep, set(keep) - producers)
 
 
 class _Evaluator:
@@ -285,10 +300,14 @@ class _Search:
             last = self.step("bisect result", keep)
         return last
 
-    def minimize(self, start: Evaluation) -> str:
-        """Give back kept nodes, in chunks, while the candidate still passes."""
+    def minimize(self, start: Evaluation, consumers_only: set[str] | None = None) -> str:
+        """Give back kept nodes, in chunks, while the candidate still passes: the screen's
+        consumers-only nodes first as one chunk, then all the others, halving a chunk that
+        cannot go."""
         keep = dict(start.keep)
-        chunks = [sorted(keep, key=_path_key)] if keep else []
+        first = sorted((p for p in keep if p in (consumers_only or set())), key=_path_key)
+        rest = sorted((p for p in keep if p not in (consumers_only or set())), key=_path_key)
+        chunks = [c for c in (first, rest) if c]
         proven = 0  # kept nodes shown needed one by one
         while chunks and self.left >= 1:
             chunk = chunks.pop(0)
@@ -366,11 +385,12 @@ def _repair(
         assert search.report is not None and ev.compared is not None
         keepable = dict(search.report.keepable)  # what the policy lowered and a keep can give back
         precision = ev.compared.precision
+        screen = Screen()
         if not current.passed and precision is not Precision.F32 and search.left >= 1:
             screen = magnitude_screen(ev.model, _policy_candidate(ev), ev.samples[0], precision, ev.provider, tmp)
-            screen = {p: r for p, r in screen.items() if p in keepable}
-            if screen:
-                current = search.step("magnitude screen", screen)
+            screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
+            if screen.keep:
+                current = search.step("magnitude screen", screen.keep)
         tol = tolerance_for("", precision, verify_options)
         # Until some candidate passes: a bisection can pass on a half and end on a failing node,
         # and starting over from there would only add nodes that do not help.
@@ -396,7 +416,7 @@ def _repair(
             current = last
         minimality = "not checked"
         if search.best.passed and search.left >= 1:
-            minimality = search.minimize(search.best)
+            minimality = search.minimize(search.best, screen.consumers_only)
         best = search.best
         staged = stage_conversion(
             src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep)
