@@ -23,8 +23,8 @@ save included for both):
         re-conversion that returns the model included). Killed after --peer-timeout seconds
         (default 1200 = 20 min) and recorded as a timeout.
 
-Tolerance mapping. rlx-amp's f16 criterion per output is max|cand - ref| <= atol + rtol * max|ref|
-(atol = rtol = 1e-2), cosine >= 0.999, and no new NaN/Inf. The peer checks
+Tolerance mapping. rlx-amp's f16 criterion per output is max|cand - ref| <= atol + rtol_of_max *
+max|ref| (atol = rtol_of_max = 1e-2), cosine >= 0.999, and no new NaN/Inf. The peer checks
 np.allclose(ref, cand, rtol, atol), i.e. |ref_i - cand_i| <= atol + rtol * |cand_i| for every i
 (NaN fails). With rtol = 0 and atol = A = 1e-2 + 1e-2 * max|ref| (ref: the float32 model's
 output on feeds.npz; each model has one output) the peer's test is exactly rlx-amp's max_abs

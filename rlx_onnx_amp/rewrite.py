@@ -682,6 +682,8 @@ class _Converter:
                     scope.storage[name] = low
                     d.precision = precision_of_elem_type(low)
                     d.output_types[0] = low
+                elif scope.orig.get(name) == _F32 and low:
+                    self._saturate_source(d, low)
         for children in scope.children.values():
             for child in children:
                 self.store_scope(child)
@@ -855,6 +857,26 @@ class _Converter:
         low, stats = narrow(np.array(values, dtype=np.float32).reshape(dims), precision)
         self._record_clamp(node.output[0], stats)
         self.sink.store(attr.t, low, precision.elem_type)
+
+    def _saturate_source(self, d: NodeDecision, low: int) -> None:
+        """A Constant-like value that must stay f32 (its op cannot hold `low` at this opset)
+        while every consumer reads it through one Cast to `low`: finite values past the low
+        range would become Inf at that Cast, so they are clamped here, in f32, as narrowing
+        would have clamped them (rule source-follows-consumers). A -3.4e38 mask stays a mask."""
+        import numpy as np
+
+        precision = precision_of_elem_type(low)
+        attr = next((a for a in d.node.attribute if a.name == SOURCE_VALUE_ATTRIBUTES.get(d.op)), None)
+        if precision is None or attr is None or attr.type != onnx.AttributeProto.TENSOR or attr.t.data_type != _F32:
+            return
+        values = self.source.read(attr.t)
+        limit = np.float32(precision.info.max_finite)
+        past = np.isfinite(values) & (np.abs(values) > limit)
+        if not past.any():
+            return
+        stats = ClampStats(int(past.sum()), float(values[past][np.argmax(np.abs(values[past]))]), 0)
+        self._record_clamp(d.outputs[0], stats)
+        self.sink.store(attr.t, np.where(past, np.copysign(limit, values), values).astype(np.float32), _F32)
 
     def _batch(self, precision: Precision) -> NarrowBatch:
         batch = self._batches.get(precision)

@@ -266,3 +266,18 @@ def test_design_rules_cited_in_code_exist() -> None:
     assert cited, "no rule citations found"
     missing = sorted(name for name in cited if f"**{name}**" not in design)
     assert not missing, f"comments cite rules docs/design.md does not name: {missing}"
+
+
+def test_no_module_shares_a_public_function_name() -> None:
+    """`rlx_onnx_amp.convert` is the function, not a module that importing shadows it with."""
+    import importlib
+    import pkgutil
+
+    import rlx_onnx_amp
+
+    modules = {m.name for m in pkgutil.iter_modules(rlx_onnx_amp.__path__)}
+    clashes = sorted(name for name in rlx_onnx_amp.__all__ if name in modules)
+    assert not clashes, clashes
+    importlib.import_module("rlx_onnx_amp.verification.compare")  # importing submodules changes nothing
+    importlib.import_module("rlx_onnx_amp.rewrite")
+    assert callable(rlx_onnx_amp.convert) and callable(rlx_onnx_amp.verify)

@@ -18,7 +18,7 @@ from onnx import helper as h
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from rlx_onnx_amp import convert_file
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.verification import InputSpec, Tolerance, compare_arrays
+from rlx_onnx_amp.verification import InputSpec, Tolerance, VerifyOptions, compare_arrays, verify
 from rlx_onnx_amp.verification.inputs import synthesize
 from tests.helpers import data_file
 
@@ -286,3 +286,31 @@ def test_native_f16_on_cuda(name: str, expect: int, tmp_path: Path) -> None:
     assert result.returncode == expect, result.stdout + result.stderr
     v = json.loads(report.read_text())["verify"]
     assert v["emulated"] is False and v["providers_used"][0] == "CUDAExecutionProvider"
+
+
+def test_emulation_rounds_an_f32_value_a_low_node_reads(tmp_path: Path) -> None:
+    """A value held in f32 (its producer kept) but read by an f16 node goes through a Cast to
+    f16 in the candidate: past 65504 that node sees Inf. The emulated candidate must show what
+    real f16 execution shows, though the value itself is f32 in both."""
+    vi = h.make_tensor_value_info
+    graph = h.make_graph(
+        [h.make_node("Mul", ["x", "gain"], ["big"], name="scale"), h.make_node("Relu", ["big"], ["r"], name="relu"),
+         h.make_node("Mul", ["r", "shrink"], ["y"], name="unscale")],
+        "read_low", [vi("x", TensorProto.FLOAT, [4, 8])], [vi("y", TensorProto.FLOAT, [4, 8])],
+        [onnx.numpy_helper.from_array(np.array(1e5, np.float32), "gain"),
+         onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "shrink")])
+    src = tmp_path / "m.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]), str(src))
+    out = tmp_path / "o.onnx"
+    report = convert_file(src, out, "always-f16", keep_f32_nodes=["^scale$"])
+    assert [k.node for k in report.kept_f32] == ["scale"]
+    feeds = {"x": np.random.default_rng(0).uniform(-1, 1, (4, 8)).astype(np.float32)}
+    np.savez(tmp_path / "in.npz", **feeds)
+    # What f16 arithmetic gives (onnxruntime's CPU provider folds the Cast pair away and
+    # computes the Relu in f32, so it cannot show it): Relu(f16(1e5 x)) is Inf where 1e5 x > 65504.
+    in_f16 = np.maximum((feeds["x"] * np.float32(1e5)).astype(np.float16), np.float16(0))
+    expected_inf = int(np.isinf(in_f16).sum())
+    assert expected_inf > 0
+    result = verify(src, out, VerifyOptions(provider="cpu", inputs=str(tmp_path / "in.npz")))
+    assert result.emulated and not result.passed
+    assert result.outputs[0].new_inf == expected_inf

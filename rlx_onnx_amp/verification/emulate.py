@@ -48,6 +48,47 @@ def low_precision_values(candidate: ModelProto) -> dict[str, int]:
     return low
 
 
+def _narrowed_reads(candidate: ModelProto, low: dict[str, int]) -> dict[str, dict[int, tuple[str, int]]]:
+    """Node (by its first output name) -> {input index: (f32 value, low type)} for the inputs
+    the candidate feeds through a Cast from an f32 value to low precision: the node computes on
+    the rounded value (Inf past the range), though the value itself is held in f32."""
+    reads: dict[str, dict[int, tuple[str, int]]] = {}
+    for graph in all_graphs(candidate.graph):
+        narrowing: dict[str, tuple[str, int]] = {}
+        for node in graph.node:
+            if node.op_type == "Cast" and node.input and node.input[0] not in low and node.output[0] in low:
+                narrowing[node.output[0]] = (node.input[0], low[node.output[0]])
+        for node in graph.node:
+            if not node.output:
+                continue
+            for k, name in enumerate(node.input):
+                if name in narrowing:
+                    reads.setdefault(node.output[0], {})[k] = narrowing[name]
+    return reads
+
+
+def _saturated_sources(candidate: ModelProto, low: dict[str, int]) -> dict[str, TensorProto]:
+    """Constant-like values the candidate holds in f32 whose tensor the converter clamped to a
+    low range (its op could not hold the low type): output name -> the candidate's tensor."""
+    found: dict[str, TensorProto] = {}
+    for graph in all_graphs(candidate.graph):
+        for node in graph.node:
+            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            if not attr_name or not node.output or node.output[0] in low:
+                continue
+            for attr in node.attribute:
+                t = attr.t
+                inline = t.data_location != TensorProto.EXTERNAL
+                if (
+                    attr.name == attr_name
+                    and attr.type == onnx.AttributeProto.TENSOR
+                    and t.data_type == _F32
+                    and inline
+                ):
+                    found[node.output[0]] = t
+    return found
+
+
 def emulate(
     reference: ModelProto,
     candidate: ModelProto,
@@ -65,6 +106,8 @@ def emulate(
     total)` counts initializers rounded.
     """
     low = low_precision_values(candidate)
+    narrowed_reads = _narrowed_reads(candidate, low) if computed else {}
+    saturated = _saturated_sources(candidate, low)
     model = ModelProto()
     model.CopyFrom(reference)
     source = source or WeightSource(None)
@@ -106,9 +149,29 @@ def emulate(
                 if progress is not None:
                     progress(rounded, to_round)
         new_nodes: list[onnx.NodeProto] = []
+        read_copies: dict[tuple[str, int], str] = {}  # (f32 value, low type) -> its rounded copy
         for node in graph.node:
+            # An f32 value that the candidate casts down for this node: the node reads it rounded.
+            for k, (value, elem) in narrowed_reads.get(node.output[0] if node.output else "", {}).items():
+                # Only where the reference reads the f32 value itself: an inserted Cast. (A Cast
+                # the model had is in the reference too, and its output is rounded already.)
+                if k >= len(node.input) or node.input[k] != value:
+                    continue
+                if (value, elem) not in read_copies:
+                    mid = fresh(f"{value}__read_low")
+                    back = fresh(f"{value}__read_rounded")
+                    new_nodes.append(helper.make_node("Cast", [value], [mid], name=fresh(f"{mid}__down"), to=elem))
+                    new_nodes.append(helper.make_node("Cast", [mid], [back], name=fresh(f"{back}__up"), to=_F32))
+                    read_copies[(value, elem)] = back
+                    rounded += 1
+                node.input[k] = read_copies[(value, elem)]
             new_nodes.append(node)
             attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            if attr_name and node.output and node.output[0] in saturated:
+                # Kept f32 but clamped by the converter for its low consumers: take its value.
+                for attr in node.attribute:
+                    if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
+                        attr.t.CopyFrom(saturated[node.output[0]])
             if attr_name and node.output and node.output[0] in low:
                 attrs = {a.name: a for a in node.attribute}
                 if (
