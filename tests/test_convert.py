@@ -347,3 +347,20 @@ def test_schema_typing_starts_over_with_inference_when_a_late_value_cannot_be_ty
     assert converted.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     out = run(converted, {"x": np.ones(4, np.float32)})[0]
     assert out.dtype == np.float32 and out.shape == (4,)
+
+
+def test_a_source_kept_f32_is_clamped_for_its_low_readers() -> None:
+    """ConstantOfShape cannot hold bf16 before opset 20, so under auto-mixed-bf16 its -3.4e38
+    mask plane stays f32 and is cast to bf16 where it is read. Past bf16's range that Cast
+    would give -Inf (and -Inf * 0 = NaN in the mask multiply): the value is clamped in f32."""
+    fixture = HEALTHY["constant_of_shape"]()
+    report = ConversionReport()
+    converted = convert(fixture.model, "auto-mixed-bf16", report=report)
+    neg = _node(converted, "mask_plane")
+    value = onnx.numpy_helper.to_array(neg.attribute[0].t)
+    assert neg.attribute[0].t.data_type == TensorProto.FLOAT
+    assert value.tolist() == [-3.3895313892515355e38]  # bf16's largest finite value
+    assert report.clamped["neg"]["clamped"] == 1
+    readers = [n for n in all_nodes(converted) if n.op_type == "Cast" and n.input[0] == "neg"]
+    assert [n.attribute[0].i for n in readers] == [TensorProto.BFLOAT16]
+    assert convert(converted, "auto-mixed-bf16").SerializeToString() == converted.SerializeToString()
