@@ -4,8 +4,8 @@ The search, each step deterministic and independent of node names. It only ever 
 evaluation on nodes the converter can keep (`ConversionReport.keepable`: in low precision, and
 not a Constant-like node, a Cast, control flow or an unknown op).
 
-1. **Magnitude screen** (one f32 reference run, no candidate evaluation), over every main-graph
-   tensor: one whose finite values pass the target type's largest finite value keeps its
+1. **Magnitude screen** (one f32 reference run, no candidate evaluation), over every tensor,
+   If/Loop/Scan bodies included: one whose finite values pass the target type's largest finite value keeps its
    producer and its consumers in f32 (`overflow`: a consumer would cast it down to Inf); one
    whose non-zero values lie wholly below the smallest normal number, or mostly flush to zero,
    keeps its producer and its consumers in f32 (`underflow`: a network whose late activations
@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
 from rlx_onnx_amp.files import OutputSet, RunPaths
@@ -46,7 +47,7 @@ from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.types import model_types
+from rlx_onnx_amp.types import model_types, subgraphs
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Scratch,
@@ -153,53 +154,152 @@ def magnitude_screen(
 ) -> Screen:
     """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
     weights and constants narrowed as `candidate` holds them (a -3.4e38 mask clamped to -65504
-    is no overflow). Only main-graph tensors: bodies are left to localization and bisection.
-    """
+    is no overflow). Tensors inside If/Loop/Scan bodies are screened too: they are surfaced as
+    extra outputs of their control-flow node (a Loop's or Scan's per iteration, stacked)."""
     info = PRECISIONS[precision]
     model, _ = emulate(model, candidate, computed=False)
     types = model_types(model)
+    exposed, surfaced = _expose_body_values(model, types)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
-    session = tmp.session(expose_outputs(model, names), None, provider, "reference")
-    values = session.run(feeds, names)
+    session = tmp.session(expose_outputs(exposed, names + [out for out, _, _ in surfaced]), None, provider, "reference")
+    values = session.run(feeds, names + [out for out, _, _ in surfaced])
     del session
-    producer = {o: str(i) for i, n in enumerate(model.graph.node) for o in n.output}
-    consumers: dict[str, list[tuple[int, int]]] = {}
-    for i, node in enumerate(model.graph.node):
-        for k, name in enumerate(node.input):
-            consumers.setdefault(name, []).append((i, k))
-    keep: dict[str, str] = {}
-
+    screen = Screen()
     producers: set[str] = set()
+    for scope, graph in _scopes(model):
+        producer = {o: f"{scope}{i}" for i, n in enumerate(graph.node) for o in n.output}
+        consumers: dict[str, list[tuple[int, int]]] = {}
+        for i, node in enumerate(graph.node):
+            for k, name in enumerate(node.input):
+                consumers.setdefault(name, []).append((i, k))
+        in_scope = names if scope == "" else [value for _, s, value in surfaced if s == scope]
+        fetched = {n: values[n] for n in names} if scope == "" else {v: values[o] for o, s, v in surfaced if s == scope}
+        for name in in_scope:
+            flag = _magnitude_flag(np.asarray(fetched[name]), info)
+            if flag is None:
+                continue
+            reason, singular_only = flag
+            readers = consumers.get(name, [])
+            if singular_only:
+                readers = [(i, k) for i, k in readers if k in ZERO_SINGULAR_INPUTS.get(graph.node[i].op_type, ())]
+                if not readers:
+                    continue
+            screen.keep.setdefault(producer[name], reason)
+            producers.add(producer[name])
+            for i, _ in readers:
+                screen.keep.setdefault(f"{scope}{i}", reason)
+    screen.consumers_only = set(screen.keep) - producers
+    return screen
 
-    def keep_with_consumers(name: str, reason: str, only: list[int] | None = None) -> None:
-        keep.setdefault(producer[name], reason)
-        producers.add(producer[name])
-        for i in only if only is not None else [i for i, _ in consumers.get(name, [])]:
-            keep.setdefault(str(i), reason)
 
-    for name in names:
-        v = np.abs(np.asarray(values[name], dtype=np.float64))
-        finite = v[np.isfinite(v)]
-        if not finite.size:
-            continue
-        largest = float(finite.max())
-        if largest >= info.overflow_at:
-            keep_with_consumers(name, "overflow")
-            continue
-        nonzero = finite[finite != 0]
-        if not nonzero.size:
-            continue
-        flushed = nonzero < info.smallest_subnormal / 2
-        if float(nonzero.max()) < info.smallest_normal or float(np.mean(flushed)) >= MOSTLY_FLUSHED:
-            keep_with_consumers(name, "underflow")
-        elif flushed.any():
-            singular = [
-                i for i, k in consumers.get(name, []) if k in ZERO_SINGULAR_INPUTS.get(model.graph.node[i].op_type, ())
-            ]
-            if singular:
-                keep_with_consumers(name, "underflow", singular)
-    return Screen(keep, set(keep) - producers)
+def _magnitude_flag(values: np.ndarray, info: Any) -> tuple[str, bool] | None:
+    """(reason, whether only zero-singular readers are affected) for a tensor's reference
+    values, or None when the low precision holds them."""
+    v = np.abs(values.astype(np.float64, copy=False))
+    finite = v[np.isfinite(v)]
+    if not finite.size:
+        return None
+    if float(finite.max()) >= info.overflow_at:
+        return "overflow", False
+    nonzero = finite[finite != 0]
+    if not nonzero.size:
+        return None
+    flushed = nonzero < info.smallest_subnormal / 2
+    if float(nonzero.max()) < info.smallest_normal or float(np.mean(flushed)) >= MOSTLY_FLUSHED:
+        return "underflow", False
+    return ("underflow", True) if flushed.any() else None
+
+
+def _scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.GraphProto]]:
+    """Every graph with its scope path ("" for the main graph, "3/body/" for a body)."""
+    found = []
+
+    def walk(graph: onnx.GraphProto, scope: str) -> None:
+        found.append((scope, graph))
+        for i, node in enumerate(graph.node):
+            for key, body in subgraphs(node):
+                walk(body, f"{scope}{i}/{key}/")
+
+    walk(model.graph, "")
+    return found
+
+
+def _expose_body_values(
+    model: onnx.ModelProto, types: Mapping[str, Mapping[str, int]]
+) -> tuple[onnx.ModelProto, list[tuple[str, str, str]]]:
+    """A copy of `model` whose If/Loop/Scan nodes (at any depth) surface every f32 value of
+    their bodies as extra outputs; (main-graph output name, body scope, value name) for each."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    counter = iter(range(1 << 30))
+
+    def fresh() -> str:
+        return f"__rlx_screen_{next(counter)}"
+
+    def add_output(body: onnx.GraphProto, value: str) -> None:
+        if value in {o.name for o in body.output}:  # a graph output already: a copy under a new name
+            copy = fresh()
+            body.node.append(helper.make_node("Identity", [value], [copy]))
+            value = copy
+        body.output.append(helper.make_tensor_value_info(value, onnx.TensorProto.FLOAT, None))
+
+    def surface(graph: onnx.GraphProto, scope: str) -> list[tuple[str, str, str]]:
+        """Values of the bodies below `graph` that are now outputs of its nodes."""
+        found: list[tuple[str, str, str]] = []
+        for i, node in enumerate(graph.node):
+            bodies = subgraphs(node)
+            if not bodies or node.domain not in ("", "ai.onnx") or node.op_type not in ("If", "Loop", "Scan"):
+                continue
+            per_body = []
+            for key, body in bodies:
+                bscope = f"{scope}{i}/{key}/"
+                own = [
+                    o
+                    for n in body.node
+                    for o in n.output
+                    if o and types.get(bscope, {}).get(o) == onnx.TensorProto.FLOAT
+                ]
+                items = [(value, bscope, value) for value in own] + surface(body, bscope)
+                per_body.append((body, items))
+            if node.op_type == "If":
+                # Both branches give every item; the branch not taken gives an empty tensor.
+                all_items = [item for _, items in per_body for item in items]
+                for body, items in per_body:
+                    mine = {id(item) for item in items}
+                    for item in all_items:
+                        if id(item) in mine:
+                            add_output(body, item[0])
+                        else:
+                            empty = fresh()
+                            body.node.append(
+                                helper.make_node(
+                                    "Constant",
+                                    [],
+                                    [empty],
+                                    value=helper.make_tensor(empty, onnx.TensorProto.FLOAT, [0], []),
+                                )
+                            )
+                            body.output.append(helper.make_tensor_value_info(empty, onnx.TensorProto.FLOAT, None))
+                for item in all_items:
+                    name = fresh()
+                    node.output.append(name)
+                    found.append((name, item[1], item[2]))
+            else:
+                ((body, items),) = per_body
+                for item in items:
+                    add_output(body, item[0])
+                    name = fresh()
+                    node.output.append(name)
+                    found.append((name, item[1], item[2]))
+                if node.op_type == "Scan" and items:
+                    for attr in node.attribute:
+                        if attr.name in ("scan_output_axes", "scan_output_directions"):
+                            attr.ints.extend([0] * len(items))
+        return found
+
+    surfaced = surface(out.graph, "")
+    return out, surfaced
 
 
 class _Evaluator:

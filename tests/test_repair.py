@@ -137,6 +137,10 @@ def test_bisection_searches_loop_bodies(tmp_path: Path) -> None:
     kept_paths = set(result.kept)
     assert kept_paths and all(p.startswith("0/body/") for p in kept_paths)  # only body nodes, found by path
     assert "0/body/0" not in kept_paths  # the gain Mul stays f16
+    # The magnitude screen sees inside the body (its values surfaced per iteration): the Exp
+    # that overflows is kept by the second evaluation, without bisection.
+    assert result.history[1]["stage"] == "magnitude screen" and result.history[1]["passed"]
+    assert result.kept["0/body/1"] == {"node": "body_exp", "op": "Exp", "reason": "overflow"}
     assert result.evaluations <= 24
 
 
