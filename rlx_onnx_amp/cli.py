@@ -30,7 +30,7 @@ from click.core import ParameterSource
 from rlx_onnx_amp import render
 from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion, write_demo
 from rlx_onnx_amp.errors import AmpError, InputError, Terminated
-from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
@@ -73,9 +73,9 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
     except AmpError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted; nothing written", EXIT_SIGINT)
+        _fail(f"interrupted; {_what_was_written()}", EXIT_SIGINT)
     except Terminated:
-        _fail("terminated; nothing written", EXIT_SIGTERM)
+        _fail(f"terminated; {_what_was_written()}", EXIT_SIGTERM)
     except Exception as e:
         invalid = _invalid_input(inputs)
         if invalid is not None:
@@ -89,6 +89,12 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
+
+
+def _what_was_written() -> str:
+    if signal_held_during_commit():
+        return "the signal came while the outputs were being moved into place: they are complete and written"
+    return "nothing written"
 
 
 def _first_line(e: BaseException) -> str:

@@ -270,7 +270,7 @@ class OutputSet:
 
     def commit(self) -> None:
         """Move every staged file into place. Signals wait until the moves are done."""
-        with signals_deferred(), _locked(self._stages):
+        with signals_deferred(committing=True), _locked(self._stages):
             for _, staged, final in sorted(self._files, key=lambda f: f[0]):
                 if (
                     _real(final) in self._protected
@@ -347,10 +347,17 @@ def _locked(directories: Iterable[Path]) -> Iterator[None]:
 
 
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)
+_held_during_commit = False
+
+
+def signal_held_during_commit() -> bool:
+    """Whether a SIGINT or SIGTERM arrived while outputs were being committed: the commit
+    finished first, so the outputs are whole and in place."""
+    return _held_during_commit
 
 
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
+def signals_deferred(committing: bool = False) -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block ends, then act on them as before: creating and
     removing staging and scratch directories, and committing, are never cut in half."""
     if threading.current_thread() is not threading.main_thread():
@@ -365,6 +372,9 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if caught and committing:
+            global _held_during_commit
+            _held_during_commit = True
         for number in caught[:1]:
             handler = previous[signal.Signals(number)]
             if callable(handler):

@@ -400,14 +400,17 @@ class _Search:
             last = self.step("bisect result", keep)
         return last
 
-    def minimize(self, start: Evaluation, consumers_only: set[str] | None = None) -> str:
+    def minimize(
+        self, start: Evaluation, consumers_only: set[str] | None = None, compute: set[str] | None = None
+    ) -> str:
         """Give back kept nodes, in chunks, while the candidate still passes: the screen's
-        consumers-only nodes first as one chunk, then all the others, halving a chunk that
-        cannot go."""
+        consumers-only nodes first as one chunk, then the Compute nodes (where low precision
+        pays most), then the others, halving a chunk that cannot go."""
         keep = dict(start.keep)
         first = sorted((p for p in keep if p in (consumers_only or set())), key=_path_key)
-        rest = sorted((p for p in keep if p not in (consumers_only or set())), key=_path_key)
-        chunks = [c for c in (first, rest) if c]
+        heavy = sorted((p for p in keep if p not in first and p in (compute or set())), key=_path_key)
+        rest = sorted((p for p in keep if p not in first and p not in heavy), key=_path_key)
+        chunks = [c for c in (first, heavy, rest) if c]
         proven = 0  # kept nodes shown needed one by one
         while chunks and self.left >= 1:
             chunk = chunks.pop(0)
@@ -516,7 +519,8 @@ def _repair(
             current = last
         minimality = "not checked"
         if search.best.passed and search.left >= 1:
-            minimality = search.minimize(search.best, screen.consumers_only)
+            compute = {p for p, (_, op) in keepable.items() if kind_of(*_split(op)) is OpKind.COMPUTE}
+            minimality = search.minimize(search.best, screen.consumers_only, compute)
         best = search.best
         staged = stage_conversion(
             src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep)
