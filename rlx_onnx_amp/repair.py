@@ -17,8 +17,9 @@ not a Constant-like node, a Cast, control flow or an unknown op).
 3. **Bisection** over what remains when localization names no new node: the keepable nodes in
    graph order (bodies of If/Loop/Scan included, by node path) are halved, keeping the half
    whose f32 restores the most accuracy, until one node is left.
-4. **Minimality**: once a candidate passes, kept nodes are given back in chunks (halves, then
-   smaller) while the result still passes, as far as the budget allows.
+4. **Minimality**: once a candidate passes, kept nodes are given back in chunks while the
+   result still passes, as far as the budget allows: the screen's readers-only nodes first,
+   then the Compute nodes, then the rest; a chunk that cannot go is halved.
 
 Every evaluation counts against `budget`. The model written is the best candidate evaluated
 (`best_key`): a passing one over a failing one; among passing ones the fewest kept nodes, then
@@ -40,6 +41,7 @@ import onnx
 from onnx import helper
 
 from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
+from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
@@ -162,8 +164,18 @@ def magnitude_screen(
     exposed, surfaced = _expose_body_values(model, types)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
-    session = tmp.session(expose_outputs(exposed, names + [out for out, _, _ in surfaced]), None, provider, "reference")
-    values = session.run(feeds, names + [out for out, _, _ in surfaced])
+    try:
+        session = tmp.session(
+            expose_outputs(exposed, names + [out for out, _, _ in surfaced]), None, provider, "reference"
+        )
+        values = session.run(feeds, names + [out for out, _, _ in surfaced])
+    except ModelRunError as e:
+        # A Loop whose body values change shape from one iteration to the next cannot stack
+        # them: screen the main graph alone; localization and bisection reach the bodies.
+        logger.info("screening bodies failed (%s); screening the main graph only", e)
+        surfaced = []
+        session = tmp.session(expose_outputs(model, names), None, provider, "reference")
+        values = session.run(feeds, names)
     del session
     screen = Screen()
     producers: set[str] = set()

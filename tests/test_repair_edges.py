@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -116,3 +117,32 @@ def test_localize_sees_no_drift_at_a_clamped_mask(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["clamped"] and data["verify"]["passed"]
     assert data["verify"]["localized"] == []
+
+
+def test_a_loop_whose_body_values_change_shape_is_screened_without_crashing(tmp_path: Path) -> None:
+    """The screen surfaces body values per iteration; a Loop-carried value that doubles in
+    length each time cannot be stacked, so the screen falls back to the main graph, and repair
+    still finds the overflow after the Loop (x·1000·1000 past 65504)."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    vi = h.make_tensor_value_info
+    body = h.make_graph(
+        [h.make_node("Concat", ["v_in", "v_in"], ["v_out"], name="grow", axis=0),
+         h.make_node("Identity", ["c_in"], ["c_out"], name="cond")],
+        "body", [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("v_in", TensorProto.FLOAT, ["n"])],
+        [vi("c_out", TensorProto.BOOL, []), vi("v_out", TensorProto.FLOAT, ["m"])])
+    inits = [onnx.numpy_helper.from_array(np.array(3, np.int64), "trip"), onnx.numpy_helper.from_array(np.array(True), "go"),
+             onnx.numpy_helper.from_array(np.array(1000.0, np.float32), "gain"),
+             onnx.numpy_helper.from_array(np.array(1e-6, np.float32), "shrink")]
+    graph = h.make_graph(
+        [h.make_node("Loop", ["trip", "go", "x"], ["v"], name="loop", body=body),
+         h.make_node("Mul", ["v", "gain"], ["mid"], name="scale0"), h.make_node("Mul", ["mid", "gain"], ["big"], name="scale"),
+         h.make_node("Relu", ["big"], ["r"], name="relu"),
+         h.make_node("Mul", ["r", "shrink"], ["y"], name="unscale")],
+        "growing", [vi("x", TensorProto.FLOAT, [4])], [vi("y", TensorProto.FLOAT, ["k"])], inits)
+    src = tmp_path / "grow.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]), str(src))
+    data = _repaired(tmp_path, src, expect=0)
+    assert "scale" in {k["node"] for k in data["repair"]["kept_f32"]}
+    assert data["repair"]["history"][1]["stage"] == "magnitude screen"
