@@ -10,13 +10,9 @@ from __future__ import annotations
 import signal
 import sys
 
-from rlx_onnx_amp.errors import Terminated
+from rlx_onnx_amp.errors import Terminated, raise_terminated
 
 EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
 
 
 def _stop(message: str, code: int) -> None:
@@ -25,7 +21,7 @@ def _stop(message: str, code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         import click
 

@@ -14,7 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
-from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writable, content_data_name
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
@@ -27,6 +27,7 @@ from rlx_onnx_amp.types import all_tensors
 
 __all__ = [
     "StagedModel",
+    "checker_failure",
     "convert",
     "convert_file",
     "load_model",
@@ -104,9 +105,8 @@ def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[Model
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
-        raise InputError(
-            f"{p}: not a valid ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'})"
-        ) from None
+        reason = first_line(e, 1000) if str(e).strip() else "cannot parse"
+        raise InputError(f"{p}: not a valid ONNX model ({type(e).__name__}: {reason})") from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise InputError(f"{p}: not a valid ONNX model (no graph)")
     if not model.opset_import:
@@ -145,7 +145,11 @@ def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -
     if not os.path.isfile(path):
         return  # loading it later says what is wrong
     _, tensors = _load(path, False)
-    source = WeightSource(Path(path).parent, str(path))
+    _plan_external_reads(paths, Path(path), tensors, role)
+
+
+def _plan_external_reads(paths: RunPaths, model_path: Path, tensors: Iterable[onnx.TensorProto], role: str) -> None:
+    source = WeightSource(model_path.parent, str(model_path))
     for tensor in tensors:
         if is_external(tensor):
             paths.read(source.external_path(tensor), f"{role}'s external data")
@@ -227,8 +231,7 @@ def convert_file(
 class StagedModel:
     """A converted model written to its staging directory, not yet in place."""
 
-    path: Path  # where it can be read now (its data file beside it)
-    final: Path  # where `OutputSet.commit` puts it
+    path: Path  # where it can be read now (its data file beside it); commit moves it into place
     report: ConversionReport
 
 
@@ -261,11 +264,9 @@ def stage_conversion(
         paths.write(dst.parent / data_name, "output data file")
     check_writable(dst, "output model")
     model, tensors = _load(src, False)
-    source = WeightSource(src.parent, str(src))
-    for tensor in tensors:
-        if is_external(tensor):
-            paths.read(source.external_path(tensor), "input model's external data")
+    _plan_external_reads(paths, src, tensors, "input model")
     paths.check()
+    source = WeightSource(src.parent, str(src))
     outputs.protect(paths.protected())
     external = any(is_external(t) for t in tensors) or sum(tensor_nbytes(t) for t in tensors) > EXTERNAL_THRESHOLD
     report = report if report is not None else ConversionReport()
@@ -320,20 +321,28 @@ def stage_conversion(
             logger.info("kept f32: %s (%s, path %s): %s", kept.node, kept.op, kept.path, kept.reason)
         logger.info("%d Casts inserted, %d nodes kept f32", report.casts_inserted, len(report.kept_f32))
     logger.info("converted %s (staged as %s)", dst, staged_model)
-    return StagedModel(staged_model, dst, report)
+    return StagedModel(staged_model, report)
 
 
 _CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError)
+
+
+def checker_failure(path: str | os.PathLike[str], limit: int = 1000) -> str | None:
+    """The first line of what `onnx.checker.check_model(full_check=True)` says against a model
+    file, or None when it passes: how a failure is told to be the input's or ours."""
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as e:
+        return first_line(e, limit)
+    return None
 
 
 def _check(staged: Path, src: Path, dst: Path) -> None:
     try:
         onnx.checker.check_model(str(staged), full_check=True)
     except _CHECK_ERRORS as e:
-        try:
-            onnx.checker.check_model(str(src), full_check=True)
-        except _CHECK_ERRORS as input_error:
-            first = str(input_error).strip().splitlines()[0]
+        first = checker_failure(src)
+        if first is not None:
             raise InputError(f"{src}: the input model fails onnx.checker ({first}); nothing written") from None
         # The input was valid, so this is our bug: say so, with the checker's words.
         raise AmpError(f"{dst}: the converted model fails onnx.checker; nothing written ({e})") from None

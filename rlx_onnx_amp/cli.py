@@ -28,8 +28,8 @@ import click
 from click.core import ParameterSource
 
 from rlx_onnx_amp import render
-from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, stage_conversion, write_demo
-from rlx_onnx_amp.errors import AmpError, InputError, Terminated
+from rlx_onnx_amp.api import checker_failure, load_model, make_options, plan_model_reads, stage_conversion, write_demo
+from rlx_onnx_amp.errors import AmpError, InputError, Terminated, first_line, raise_terminated
 from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
@@ -67,7 +67,7 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input."""
     previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         code = fn()
     except AmpError as e:
@@ -82,7 +82,7 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
             _fail(invalid)
         traceback.print_exc()
         _fail(
-            f"internal error ({type(e).__name__}: {_first_line(e)}); this is a bug in rlx-amp, "
+            f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp, "
             "please report it with the model",
             EXIT_INTERNAL,
         )
@@ -97,24 +97,11 @@ def _what_was_written() -> str:
     return "nothing written"
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else ""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
 def _invalid_input(models: Sequence[str]) -> str | None:
     """One line naming the first input model that fails onnx.checker (full check), if any."""
-    import onnx
-
     for model in models:
-        try:
-            onnx.checker.check_model(model, full_check=True)
-        except Exception as e:
-            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        first = checker_failure(model, 300)
+        if first is not None:
             return f"{model}: not a valid ONNX model (onnx.checker: {first}); nothing written"
     return None
 
@@ -528,8 +515,7 @@ class _ConvertJob:
         if not self.quiet:
             click.echo(render.verify_table(result, verbose=self.verbose > 0))
         elif not result.passed:  # -q still says that something failed, in one line
-            failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in result.outputs if not o.passed]
-            click.echo(f"FAILED {result.candidate}: {'; '.join(failed) or 'no output compared'}")
+            click.echo(render.failed_verdict(result))
 
     def _warn_idle(self, report: ConversionReport) -> None:
         """Options that matched nothing in this model: a warning, since they may match others."""
@@ -555,9 +541,7 @@ class _ConvertJob:
             self.fail(src, invalid, EXIT_USAGE)
             return
         traceback.print_exc()
-        self.fail(
-            src, f"internal error ({type(e).__name__}: {_first_line(e)}); this is a bug in rlx-amp", EXIT_INTERNAL
-        )
+        self.fail(src, f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp", EXIT_INTERNAL)
 
     def exit_code(self) -> int:
         codes = [EXIT_DRIFT if not v.passed else EXIT_OK for _, v in self.verified] + [c for _, _, c in self.failed]
@@ -708,9 +692,8 @@ def verify_cmd(
                 result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
             if not quiet:
                 click.echo(render.verify_table(result, verbose=verbose > 0))
-            elif not result.passed:
-                failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in result.outputs if not o.passed]
-                click.echo(f"FAILED {result.candidate}: {'; '.join(failed) or 'no output compared'}")
+            elif not result.passed:  # -q still says that something failed, in one line
+                click.echo(render.failed_verdict(result))
             if report_json:
                 outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
             if report_md:

@@ -3,7 +3,7 @@ one line and exits with their `exit_code`. Anything else is a bug and keeps its 
 
 from __future__ import annotations
 
-__all__ = ["AmpError", "InputError", "ModelRunError", "PolicyError", "Terminated"]
+__all__ = ["AmpError", "InputError", "ModelRunError", "PolicyError", "Terminated", "first_line", "raise_terminated"]
 
 
 class AmpError(Exception):
@@ -29,3 +29,15 @@ class ModelRunError(AmpError):
 class Terminated(BaseException):
     """SIGTERM, raised where the run is so that every cleanup (staged outputs, scratch) runs.
     A BaseException, like KeyboardInterrupt: no `except Exception` may swallow it."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler: raise Terminated where the run is."""
+    raise Terminated()
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's message cut to its first line (for one-line errors); its type's name
+    when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__

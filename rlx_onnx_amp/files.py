@@ -141,18 +141,10 @@ class RunPaths:
         self.writes: list[_Planned] = []
 
     def read(self, path: str | os.PathLike[str], role: str) -> None:
-        p = Path(path)
-        _check_name(p, role)
-        planned = _Planned(role, p, _real(p))
-        if planned not in self.reads:
-            self.reads.append(planned)
+        _add_planned(self.reads, Path(path), role)
 
     def write(self, path: str | os.PathLike[str], role: str) -> None:
-        p = Path(path)
-        _check_name(p, role)
-        planned = _Planned(role, p, _real(p))
-        if planned not in self.writes:
-            self.writes.append(planned)
+        _add_planned(self.writes, Path(path), role)
 
     def protected(self) -> list[Path]:
         """The read paths, which no step of the run may replace or remove."""
@@ -173,6 +165,13 @@ class RunPaths:
                         "choose another path"
                     )
             check_writable(w.path, w.role)
+
+
+def _add_planned(planned: list[_Planned], path: Path, role: str) -> None:
+    _check_name(path, role)
+    entry = _Planned(role, path, _real(path))
+    if entry not in planned:
+        planned.append(entry)
 
 
 def _check_name(path: Path, role: str) -> None:

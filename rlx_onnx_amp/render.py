@@ -15,6 +15,7 @@ __all__ = [
     "conversion_markdown",
     "conversion_table",
     "drift_rows",
+    "failed_verdict",
     "inspect_table",
     "repair_summary",
     "table",
@@ -171,6 +172,12 @@ DRIFT_COLUMNS: tuple[DriftColumn, ...] = (
 def drift_rows(report: Any) -> list[list[str]]:
     """The drift table's cells, one row per output (failures first)."""
     return [[_fmt(c.cell(o)) for c in DRIFT_COLUMNS] for o in report.outputs]
+
+
+def failed_verdict(report: Any) -> str:
+    """The one line `-q` prints for a failing verification: each failing output and its checks."""
+    failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in report.outputs if not o.passed]
+    return f"FAILED {report.candidate}: {'; '.join(failed) or 'no output compared'}"
 
 
 def _required(o: OutputDrift) -> str | None:

@@ -346,6 +346,7 @@ class _Evaluator:
         del ref_session
         self.evaluations = 0
         self.compared: Compared | None = None
+        self.candidate: onnx.ModelProto | None = None
 
     def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, ConversionReport]:
         """(passed, score, report); score: the worst output's `OutputDrift.score`."""
@@ -362,7 +363,7 @@ class _Evaluator:
             for n in self.output_names
         }
         drifts = compare_outputs(results, compared.precision, self.verify_options)
-        self.compared = compared
+        self.compared, self.candidate = compared, candidate
         return bool(drifts) and all(d.passed for d in drifts), max((d.score for d in drifts), default=0.0), report
 
     def localize_first(self, tol: Tolerance) -> list[dict[str, Any]]:
@@ -497,12 +498,13 @@ def _repair(
         ev = _Evaluator(src, resolved, options, verify_options, tmp)
         search = _Search(ev, budget, progress)
         current = search.step("policy", {})
-        assert search.report is not None and ev.compared is not None
+        assert search.report is not None and ev.compared is not None and ev.candidate is not None
         keepable = dict(search.report.keepable)  # what the policy lowered and a keep can give back
         precision = ev.compared.precision
         screen = Screen()
         if not current.passed and precision is not Precision.F32 and search.left >= 1:
-            screen = magnitude_screen(ev.model, _policy_candidate(ev), ev.samples[0], precision, ev.provider, tmp)
+            # The candidate just evaluated is the policy's own conversion.
+            screen = magnitude_screen(ev.model, ev.candidate, ev.samples[0], precision, ev.provider, tmp)
             screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
             if screen.keep:
                 current = search.step("magnitude screen", screen.keep)
@@ -555,10 +557,6 @@ def _repair(
     conversion.verify = verified.to_json()
     conversion.repair = result.to_json()
     return conversion, verified, result
-
-
-def _policy_candidate(ev: _Evaluator) -> onnx.ModelProto:
-    return convert(ev.model, ev.policy, options=ev.options)
 
 
 def _path_key(path: str) -> tuple[int, ...]:

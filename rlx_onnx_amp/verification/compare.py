@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from rlx_onnx_amp.errors import InputError, ModelRunError
+from rlx_onnx_amp.errors import InputError, ModelRunError, first_line
 from rlx_onnx_amp.files import ScratchDir
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
@@ -104,7 +104,7 @@ class Session:
         try:
             self.session = ort.InferenceSession(model, opts, providers=providers)
         except Exception as e:
-            raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({_first_line(e)})") from None
+            raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({first_line(e, 400)})") from None
         finally:
             del buffers
         used = self.session.get_providers()
@@ -120,7 +120,7 @@ class Session:
         try:
             values = self.session.run(names, typed)
         except Exception as e:
-            raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({_first_line(e)})") from None
+            raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({first_line(e, 400)})") from None
         return dict(zip(names, values))
 
 
@@ -128,11 +128,6 @@ def _map_file(path: Path) -> np.ndarray:
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=np.uint8)
     return np.memmap(path, dtype=np.uint8, mode="r")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:400] if text else type(e).__name__
 
 
 def _as_input_type(value: np.ndarray, ort_type: str) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.files import OutputSet
 
 __all__ = [
@@ -224,7 +224,7 @@ def _load_npz(p: Path) -> dict[str, np.ndarray]:
                 raise ValueError("a single array, not an archive of named arrays")
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise InputError(f"{p}: not a readable .npz file ({_first_line(e)})") from None
+        raise InputError(f"{p}: not a readable .npz file ({first_line(e)})") from None
     except AttributeError:  # np.load gave a plain array (an .npy file)
         raise InputError(f"{p}: not a readable .npz file (a single array, not an archive of named arrays)") from None
 
@@ -247,7 +247,7 @@ def _load_polygraphy_json(p: Path) -> list[dict[str, np.ndarray]]:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{p}: not a readable JSON input file ({_first_line(e)})") from None
+        raise InputError(f"{p}: not a readable JSON input file ({first_line(e)})") from None
     sets = data if isinstance(data, list) else [data]
     out = []
     for k, feeds in enumerate(sets):
@@ -267,7 +267,7 @@ def _decode_array(p: Path, name: str, value: object) -> np.ndarray:
         try:
             array = np.load(io.BytesIO(raw), allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
-            raise InputError(f"{p}: input {name!r} is not a readable array ({_first_line(e)})") from None
+            raise InputError(f"{p}: input {name!r} is not a readable array ({first_line(e)})") from None
         if isinstance(array, np.ndarray):
             return array
     if isinstance(value, list | int | float):
@@ -285,11 +285,6 @@ def save_inputs(outputs: OutputSet, path: str | Path, samples: Sequence[Mapping[
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]  # a file object: numpy adds no ".npz" to the user's path
     outputs.write_bytes(path, buffer.getvalue())
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], source: str) -> None:
