@@ -47,6 +47,7 @@ class PrecisionInfo:
     overflow_at: float  # the smallest magnitude that rounds to Inf (max_finite plus half an ulp)
     smallest_subnormal: float
     smallest_normal: float  # below it values lose precision, and below half the smallest subnormal they flush to zero
+    unit_roundoff: float  # half the machine epsilon: the largest relative error of rounding a normal number
     # Default drift tolerances for a candidate computed at this precision (see README).
     atol: float
     rtol_of_max: float  # times max|reference| (see verify.metrics)
@@ -63,6 +64,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         float(np.finfo(np.float32).max),
         float(np.finfo(np.float32).smallest_subnormal),
         float(np.finfo(np.float32).smallest_normal),
+        float(np.finfo(np.float32).eps) / 2,
         atol=1e-4,
         rtol_of_max=1e-4,
         min_cosine=0.99999,
@@ -76,6 +78,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         65520.0,
         float(np.finfo(np.float16).smallest_subnormal),
         float(np.finfo(np.float16).smallest_normal),
+        float(np.finfo(np.float16).eps) / 2,
         atol=1e-2,
         rtol_of_max=1e-2,
         min_cosine=0.999,
@@ -89,6 +92,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).max) + 2.0**119,  # half an ulp (2**120) past the largest finite
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_normal),
+        float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2,
         atol=5e-2,
         rtol_of_max=5e-2,
         min_cosine=0.995,

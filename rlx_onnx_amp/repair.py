@@ -7,9 +7,11 @@ not a Constant-like node, a Cast, control flow or an unknown op).
 1. **Magnitude screen** (one f32 reference run, no candidate evaluation), over every tensor,
    If/Loop/Scan bodies included: one whose finite values pass the target type's largest finite value keeps its
    producer and its consumers in f32 (`overflow`: a consumer would cast it down to Inf); one
-   whose non-zero values lie wholly below the smallest normal number, or mostly flush to zero,
-   keeps its producer and its consumers in f32 (`underflow`: a network whose late activations
-   are all tiny is repaired as a region, not node by node); one with values that flush to zero
+   whose non-zero values mostly flush to zero, or lie wholly below the smallest normal number
+   and lose more than `SUBNORMAL_LOSS_ULPS` when rounded, keeps its producer and its consumers
+   in f32 (`underflow`: a network whose late activations are all tiny is repaired as a region,
+   not node by node), unless its loss cannot reach an output (`_absorbed`: it only feeds, through
+   other such tensors, ops like Sigmoid whose in-range output ignores it); one with values that flush to zero
    and that feeds an input where zero is singular (a divisor, a square root, a logarithm) keeps
    its producer and that consumer in f32 (`underflow`).
 2. **Localization**: while it fails, the first keepable node where drift jumps, NaN/Inf appears
@@ -44,7 +46,7 @@ from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversi
 from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
+from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
@@ -84,6 +86,21 @@ ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
 
 #: A tensor whose non-zero values flush to zero at least this often is an underflow region.
 MOSTLY_FLUSHED = 0.5
+
+#: Ops whose output, when in the target type's range, does not depend on a tiny input flushing
+#: to zero: f(0) + O(x) with f(0) far from zero (Sigmoid gives 0.5 either way), or a tiny input
+#: beside an in-range one (Add). A scaling op (Mul, Conv, a normalization) is not one of them: it
+#: can lift a tiny input into range.
+ABSORBS_TINY_INPUTS = frozenset(
+    {"Sigmoid", "HardSigmoid", "Softmax", "LogSoftmax", "Softplus", "Exp", "Cos", "Cosh"}
+    | {"Add", "Sub", "Sum", "Max", "Min"}
+)
+
+#: A tensor wholly below the smallest normal number is an underflow region only when rounding it
+#: to the target type moves it by more than this many unit roundoffs (relative, in L2 norm):
+#: values a little below the normal range keep most of their digits as subnormals, and keeping
+#: them in f32 would cost Compute nodes for nothing (EfficientNet-B0's middle blocks).
+SUBNORMAL_LOSS_ULPS = 16.0
 
 
 @dataclass
@@ -185,14 +202,20 @@ def magnitude_screen(
         for i, node in enumerate(graph.node):
             for k, name in enumerate(node.input):
                 consumers.setdefault(name, []).append((i, k))
-        in_scope = names if scope == "" else [value for _, s, value in surfaced if s == scope]
         fetched = {n: values[n] for n in names} if scope == "" else {v: values[o] for o, s, v in surfaced if s == scope}
-        for name in in_scope:
-            flag = _magnitude_flag(np.asarray(fetched[name]), info)
-            if flag is None:
+        flags = {}
+        for name, value in fetched.items():
+            flag = _magnitude_flag(np.asarray(value), info)
+            if flag is not None:
+                flags[name] = flag
+        absorbed = _absorbed(graph, flags, set(fetched)) if scope == "" else set()
+        for name, (reason, singular_only) in flags.items():
+            if name in absorbed:
                 continue
-            reason, singular_only = flag
-            readers = consumers.get(name, [])
+            # A reader whose every output is absorbed may read the flushed value.
+            readers = [
+                (i, k) for i, k in consumers.get(name, []) if not all(o in absorbed for o in graph.node[i].output if o)
+            ]
             if singular_only:
                 readers = [(i, k) for i, k in readers if k in ZERO_SINGULAR_INPUTS.get(graph.node[i].op_type, ())]
                 if not readers:
@@ -205,7 +228,7 @@ def magnitude_screen(
     return screen
 
 
-def _magnitude_flag(values: np.ndarray, info: Any) -> tuple[str, bool] | None:
+def _magnitude_flag(values: np.ndarray, info: PrecisionInfo) -> tuple[str, bool] | None:
     """(reason, whether only zero-singular readers are affected) for a tensor's reference
     values, or None when the low precision holds them."""
     v = np.abs(values.astype(np.float64, copy=False))
@@ -218,9 +241,52 @@ def _magnitude_flag(values: np.ndarray, info: Any) -> tuple[str, bool] | None:
     if not nonzero.size:
         return None
     flushed = nonzero < info.smallest_subnormal / 2
-    if float(nonzero.max()) < info.smallest_normal or float(np.mean(flushed)) >= MOSTLY_FLUSHED:
+    if float(np.mean(flushed)) >= MOSTLY_FLUSHED:
+        return "underflow", False
+    if float(nonzero.max()) < info.smallest_normal and _rounding_loss(nonzero, info) > SUBNORMAL_LOSS_ULPS:
         return "underflow", False
     return ("underflow", True) if flushed.any() else None
+
+
+def _absorbed(graph: onnx.GraphProto, flags: Mapping[str, tuple[str, bool]], screened: set[str]) -> set[str]:
+    """The underflowing tensors of `graph` whose loss cannot reach a model output: every reader
+    either underflows too and is itself absorbed, or is an op in `ABSORBS_TINY_INPUTS` whose own
+    output is in range (EfficientNet's squeeze-excitation branch: tiny, but it only feeds a
+    Sigmoid that gives 0.5 either way). Walked backwards from the outputs; a tensor read by a
+    node with a body, or by a reader whose output the screen did not see, is never absorbed."""
+    needed = {o.name for o in graph.output}
+    needed |= {name for node in graph.node for _, body in subgraphs(node) for name in _names_read(body)}
+    for node in reversed(graph.node):
+        matters = bool(list(subgraphs(node))) or any(
+            (o in flags and o in needed)
+            or (o not in flags and (o not in screened or node.op_type not in ABSORBS_TINY_INPUTS))
+            for o in node.output
+            if o
+        )
+        if matters:
+            needed.update(node.input)
+    return {
+        name for name, (reason, singular_only) in flags.items()
+        if reason == "underflow" and not singular_only and name not in needed
+    }
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every value name the nodes of `graph` and of its bodies read."""
+    read = set()
+    for node in graph.node:
+        read.update(node.input)
+        for _, body in subgraphs(node):
+            read |= _names_read(body)
+    return read
+
+
+def _rounding_loss(values: np.ndarray, info: PrecisionInfo) -> float:
+    """How far rounding `values` (non-zero, finite) to the target type moves them, relative to
+    their L2 norm, in units of the type's unit roundoff (half its machine epsilon)."""
+    rounded = values.astype(info.np_dtype).astype(np.float64)
+    loss = float(np.linalg.norm(rounded - values) / np.linalg.norm(values))
+    return loss / info.unit_roundoff
 
 
 def _scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.GraphProto]]:

@@ -91,6 +91,25 @@ def test_a_region_that_underflows_is_kept_by_the_screen(tmp_path: Path) -> None:
     assert rep["compute_low_share"] >= 0.5 and rep["evaluations"] <= 24
 
 
+def test_a_gate_that_only_feeds_a_sigmoid_stays_low(tmp_path: Path) -> None:
+    """Past layer 5 the gates' MatMul outputs flush to zero in f16 like the main path, but a
+    Sigmoid of them is 0.5 either way: the screen keeps the main path (fc, act, gated) in f32
+    and leaves every gate in f16, and that first candidate already passes."""
+    src = _save(tmp_path, "tiny_gated_tail")
+    assert rlx(src, "--policy", "always-f16", "-o", tmp_path / "o.onnx", "--verify", "--provider", "cpu").returncode == 1
+    data = _repaired(tmp_path, src, expect=0)
+    rep = data["repair"]
+    screen = rep["history"][1]
+    assert screen["stage"] == "magnitude screen" and screen["passed"]
+    assert screen["written"] and screen["kept"] == len(rep["kept_f32"])  # minimization found nothing to give back
+    kept = {k["node"] for k in rep["kept_f32"]}
+    assert {"fc6", "fc7", "gated6", "gated7"} <= kept
+    assert not kept & {f"gate{i}" for i in range(8)} and not kept & {f"sig{i}" for i in range(8)}
+    assert not kept & {"fc0", "fc1", "fc2", "fc3", "fc4"}
+    by_op = data["by_op"]
+    assert by_op["MatMul"]["f16"] >= 8 + 5  # all eight gates and the five early layers
+
+
 @pytest.mark.parametrize("budget", [1, 2, 3, 4, 5, 6])
 def test_every_budget_writes_the_best_candidate(tmp_path: Path, budget: int) -> None:
     """The cancellation model needs localization and bisection: each budget stops somewhere
