@@ -87,14 +87,11 @@ ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
 #: A tensor whose non-zero values flush to zero at least this often is an underflow region.
 MOSTLY_FLUSHED = 0.5
 
-#: Ops whose output, when in the target type's range, does not depend on a tiny input flushing
-#: to zero: f(0) + O(x) with f(0) far from zero (Sigmoid gives 0.5 either way), or a tiny input
-#: beside an in-range one (Add). A scaling op (Mul, Conv, a normalization) is not one of them: it
-#: can lift a tiny input into range.
-ABSORBS_TINY_INPUTS = frozenset(
-    {"Sigmoid", "HardSigmoid", "Softmax", "LogSoftmax", "Softplus", "Exp", "Cos", "Cosh"}
-    | {"Add", "Sub", "Sum", "Max", "Min"}
-)
+#: Ops that map a tiny input to f(0) + O(x) with f(0) far from zero (Sigmoid gives 0.5): when
+#: such a reader's reference output is one value repeated, the tiny input made no difference
+#: even in f32, and flushing it to zero makes none either. A scaling op (Mul, Conv, a
+#: normalization) is not one of them: it can lift a tiny input into range.
+ABSORBS_TINY_INPUTS = frozenset({"Sigmoid", "HardSigmoid", "Softmax", "LogSoftmax", "Softplus", "Exp", "Cos", "Cosh"})
 
 #: A tensor wholly below the smallest normal number is an underflow region only when rounding it
 #: to the target type moves it by more than this many unit roundoffs (relative, in L2 norm):
@@ -111,6 +108,9 @@ class Screen:
 
     keep: dict[str, str] = field(default_factory=dict)
     consumers_only: set[str] = field(default_factory=set)
+    #: Producers of underflowing tensors whose loss cannot reach an output (`_absorbed`):
+    #: localization sees their values move but repair does not spend evaluations on them.
+    absorbed: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -208,9 +208,10 @@ def magnitude_screen(
             flag = _magnitude_flag(np.asarray(value), info)
             if flag is not None:
                 flags[name] = flag
-        absorbed = _absorbed(graph, flags, set(fetched)) if scope == "" else set()
+        absorbed = _absorbed(graph, flags, fetched) if scope == "" else set()
         for name, (reason, singular_only) in flags.items():
             if name in absorbed:
+                screen.absorbed.add(producer[name])
                 continue
             # A reader whose every output is absorbed may read the flushed value.
             readers = [
@@ -248,25 +249,34 @@ def _magnitude_flag(values: np.ndarray, info: PrecisionInfo) -> tuple[str, bool]
     return ("underflow", True) if flushed.any() else None
 
 
-def _absorbed(graph: onnx.GraphProto, flags: Mapping[str, tuple[str, bool]], screened: set[str]) -> set[str]:
+def _absorbed(
+    graph: onnx.GraphProto, flags: Mapping[str, tuple[str, bool]], fetched: Mapping[str, np.ndarray]
+) -> set[str]:
     """The underflowing tensors of `graph` whose loss cannot reach a model output: every reader
-    either underflows too and is itself absorbed, or is an op in `ABSORBS_TINY_INPUTS` whose own
-    output is in range (EfficientNet's squeeze-excitation branch: tiny, but it only feeds a
-    Sigmoid that gives 0.5 either way). Walked backwards from the outputs; a tensor read by a
-    node with a body, or by a reader whose output the screen did not see, is never absorbed."""
+    either underflows too and is itself absorbed, or is an op in `ABSORBS_TINY_INPUTS` whose
+    reference output is one value repeated (EfficientNet's late squeeze-excitation branch: so
+    tiny that its Sigmoid gives exactly 0.5 even in f32). A Softmax whose output still varies
+    (detector scores within 1e-8 of each other) is not absorbing: an NMS downstream ranks
+    them. Walked backwards from the outputs; a tensor read by a node with a body, or by a
+    reader whose output the screen did not see, is never absorbed."""
     needed = {o.name for o in graph.output}
     needed |= {name for node in graph.node for _, body in subgraphs(node) for name in _names_read(body)}
+
+    def absorbing(node: onnx.NodeProto, output: str) -> bool:
+        if node.op_type not in ABSORBS_TINY_INPUTS or output not in fetched:
+            return False
+        values = np.asarray(fetched[output])
+        return values.size > 0 and bool(np.all(values == values.flat[0]))
+
     for node in reversed(graph.node):
         matters = bool(list(subgraphs(node))) or any(
-            (o in flags and o in needed)
-            or (o not in flags and (o not in screened or node.op_type not in ABSORBS_TINY_INPUTS))
-            for o in node.output
-            if o
+            (o in needed) if o in flags else not absorbing(node, o) for o in node.output if o
         )
         if matters:
             needed.update(node.input)
     return {
-        name for name, (reason, singular_only) in flags.items()
+        name
+        for name, (reason, singular_only) in flags.items()
         if reason == "underflow" and not singular_only and name not in needed
     }
 
@@ -464,15 +474,23 @@ class _Search:
         return e
 
     def bisect(self, keep: dict[str, str], pool: list[str]) -> Evaluation | None:
-        """Halve `pool` toward the one node whose f32 restores accuracy; the last evaluation."""
+        """Halve `pool` toward the one node whose f32 restores accuracy; the last evaluation.
+        When neither half alone passes but the pool did (a half of the level above), the
+        culprits span both halves: it stops there, and minimization goes on from that pass."""
         last = None
+        pool_passed = False
         while len(pool) > 1 and self.left >= 1:
             first, second = pool[: len(pool) // 2], pool[len(pool) // 2 :]
             a = last = self.step(f"bisect {len(first)} nodes", {**keep, **dict.fromkeys(first, "drift")})
             if a.passed or self.left < 1:
-                pool = first
+                pool, pool_passed = first, a.passed
                 continue
             b = last = self.step(f"bisect {len(second)} nodes", {**keep, **dict.fromkeys(second, "drift")})
+            if b.passed:
+                pool, pool_passed = second, True
+                continue
+            if pool_passed:
+                return last
             pool = first if a.score <= b.score else second
         if len(pool) == 1 and self.left >= 1:
             keep[pool[0]] = "drift"
@@ -580,7 +598,7 @@ def _repair(
         while not search.best.passed and search.left >= 1:
             named = []
             for found in ev.localize_first(tol):
-                if found["path"] in current.keep:
+                if found["path"] in current.keep or found["path"] in screen.absorbed:
                     continue
                 why = search.report.why_not_keepable(found["path"]) if found["path"] not in keepable else None
                 if why is None:
