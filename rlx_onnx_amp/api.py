@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,8 @@ def make_options(
     keep_f32_nodes: Iterable[str] = (),
     keep_f32_paths: Mapping[str, str] | None = None,
     target: Target | str = Target.CUDA,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    cost: bool = True,
 ) -> ConvertOptions:
     import re
 
@@ -82,7 +84,15 @@ def make_options(
         target = Target(target)
     except ValueError:
         raise InputError(f"unknown target {target!r} (known: {', '.join(t.value for t in Target)})") from None
-    return ConvertOptions(keep_io_types, frozenset(keep_f32_ops), patterns, dict(keep_f32_paths or {}), target)
+    return ConvertOptions(
+        keep_io_types,
+        frozenset(keep_f32_ops),
+        patterns,
+        dict(keep_f32_paths or {}),
+        target,
+        {name: tuple(dims) for name, dims in (shapes or {}).items()},
+        cost,
+    )
 
 
 def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False) -> ModelProto:
@@ -168,7 +178,8 @@ def convert(
     modified. Pass `report=ConversionReport()` to receive the conversion report.
 
     `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes,
-    keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu").
+    keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu"),
+    shapes (concrete input shapes for the cost model, name -> dims), cost (False: no cost model).
     """
     resolved = resolve_policy(policy, kind_map)
     opts = _options(options, option_kwargs)
@@ -206,7 +217,7 @@ def convert_file(
     earlier file at `output_path` (with its data file) in one step; see `rlx_onnx_amp.files`.
     `progress(done, total)` is called with weight bytes as tensors are written. The option
     keywords are those of `convert` (keep_io_types, keep_f32_ops, keep_f32_nodes,
-    keep_f32_paths, target).
+    keep_f32_paths, target, shapes).
     """
     paths = RunPaths()
     with OutputSet() as outputs:

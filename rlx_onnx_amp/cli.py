@@ -29,6 +29,7 @@ from click.core import ParameterSource
 
 from rlx_onnx_amp import render
 from rlx_onnx_amp.api import checker_failure, load_model, make_options, plan_model_reads, stage_conversion, write_demo
+from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.errors import AmpError, InputError, Terminated, first_line, raise_terminated
 from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
 from rlx_onnx_amp.inspect import inspect_model
@@ -362,7 +363,9 @@ def convert_cmd(
     def run() -> int:
         _refuse_idle_options(ctx, do_verify, do_repair)
         resolved = _policy(policy, map_text, map_file)
-        options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target)
+        shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
+        shown = not quiet or bool(report_json or report_md)  # the cost model costs a shape inference
+        options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
         verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
@@ -408,7 +411,6 @@ _VERIFY_ONLY = {
     "inputs_path": "--inputs",
     "seed": "--seed",
     "samples": "--samples",
-    "shapes": "--shape",
     "ranges": "--input-range",
     "save_inputs": "--save-inputs",
     "atol": "--atol",
@@ -477,6 +479,7 @@ class _ConvertJob:
             self.verified.append((report, result))
             if not self.quiet:
                 click.echo(render.conversion_table(report))
+                self._hint(report)
                 click.echo(render.repair_summary(repaired))
             self._show(result)
             return
@@ -495,6 +498,7 @@ class _ConvertJob:
         self._warn_idle(report)
         if not self.quiet:
             click.echo(render.conversion_table(report))
+            self._hint(report)
         if self.verify_options is not None:
             _status(f"verifying {dst} against {src} ...", enabled=not self.quiet)
             with _StagedProgress(enabled=not self.quiet) as verify_progress:
@@ -516,6 +520,13 @@ class _ConvertJob:
             click.echo(render.verify_table(result, verbose=self.verbose > 0))
         elif not result.passed:  # -q still says that something failed, in one line
             click.echo(render.failed_verdict(result))
+
+    def _hint(self, report: ConversionReport) -> None:
+        """One line when the policy buys little: the policy itself is never changed."""
+        if report.cost is not None and report.policy is not None:
+            hint = policy_hint(report.cost, report.casts_inserted, report.policy.name)
+            if hint:
+                click.echo(f"rlx-amp: hint: {hint}", err=True)
 
     def _warn_idle(self, report: ConversionReport) -> None:
         """Options that matched nothing in this model: a warning, since they may match others."""
@@ -722,6 +733,14 @@ def demo_cmd(path: str) -> None:
 @_policy_options
 @click.option("--keep-f32-op", multiple=True, metavar="OP")
 @click.option("--keep-f32-node", multiple=True, metavar="REGEX")
+@click.option(
+    "--shape", "shapes", multiple=True, metavar="NAME:1x128", help="Shape of an input with dynamic dimensions (cost)."
+)
+@click.option(
+    "--compare-policies",
+    is_flag=True,
+    help="Every preset side by side (and --map's custom policy): low share of MACs and weights, Casts, kept nodes.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the per-kind and per-op counts as JSON.")
 def inspect_cmd(
     model: str,
@@ -731,16 +750,30 @@ def inspect_cmd(
     target: str,
     keep_f32_op: Sequence[str],
     keep_f32_node: Sequence[str],
+    shapes: Sequence[str],
+    compare_policies: bool,
     as_json: bool,
 ) -> None:
     """Show per kind and per op type the node counts and the precision each would get."""
+    ctx = click.get_current_context()
 
     def run() -> int:
+        options = make_options(
+            True, keep_f32_op, keep_f32_node, target=target, shapes=dict(parse_shape(t) for t in shapes)
+        )
+        if compare_policies:
+            if ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT and policy != "custom":
+                raise InputError("--compare-policies compares every preset; --policy chooses one (drop it)")
+            policies = [policy_from_name(name) for name in POLICY_NAMES if name != "custom"]
+            if map_text or map_file:
+                policies.append(_policy("custom", map_text, map_file))
+            loaded = load_model(model)
+            rows = [inspect_model(loaded, p, options, model_name=model) for p in policies]
+            click.echo(json.dumps(rows, indent=2) if as_json else render.compare_policies_table(rows))
+            return EXIT_OK
         resolved = _policy(policy, map_text, map_file)
         loaded = load_model(model)
-        summary = inspect_model(
-            loaded, resolved, make_options(True, keep_f32_op, keep_f32_node, target=target), model_name=model
-        )
+        summary = inspect_model(loaded, resolved, options, model_name=model)
         click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
         return EXIT_OK
 

@@ -29,4 +29,5 @@ def inspect_model(model: ModelProto, policy: Policy, options: ConvertOptions, mo
         "casts_inserted": report.casts_inserted,
         "kept_f32": [k.to_json() for k in report.kept_f32],
         "unknown_ops": report.unknown_ops,
+        "cost": report.cost.to_json() if report.cost is not None else None,
     }

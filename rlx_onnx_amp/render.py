@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,60 @@ def _kind_rows(by_kind: dict[str, dict[str, int]]) -> list[list[object]]:
     return [[kind, *(counts.get(p, 0) for p in _PRECISION_COLUMNS)] for kind, counts in sorted(by_kind.items())]
 
 
+def _count(n: float) -> str:
+    """1234567 -> 1.23 M: MAC and byte counts at a glance."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f}"
+
+
+def cost_line(cost: Mapping[str, Any] | None) -> str | None:
+    """The cost model in one line (JSON `cost`), or None when there is none."""
+    if not cost:
+        return None
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in cost["input_shapes"].items())
+    macs = f"{_count(cost['macs'])} MACs, {_share(cost['mac_low_share'])} low"
+    if cost["unknown_macs_nodes"]:
+        macs += f" ({cost['unknown_macs_nodes']} Compute nodes of unknown shape not counted)"
+    casts = f"{cost['casts']} float Casts moving {_count(cost['cast_bytes'])}B per inference"
+    if cost["unknown_cast_nodes"]:
+        casts += f" ({cost['unknown_cast_nodes']} of unknown shape)"
+    return (
+        f"cost: {macs}; weights {_share(cost['weight_low_share'])} low; {casts}; "
+        f"{cost['islands']} low-precision islands (inputs {shapes or 'none'})"
+    )
+
+
+def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """`inspect --compare-policies`: one row per policy from `inspect_model` summaries."""
+    first = rows[0]
+    input_shapes = (first.get("cost") or {}).get("input_shapes", {})
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in input_shapes.items())
+    body = []
+    for r in rows:
+        c = r.get("cost") or {}
+        body.append(
+            [
+                r["policy"]["name"],
+                _share(c.get("mac_low_share")),
+                _share(c.get("weight_low_share")),
+                r["casts_inserted"],
+                f"{_count(c.get('cast_bytes', 0))}B",
+                c.get("islands", "-"),
+                len(r["kept_f32"]),
+            ]
+        )
+    return "\n".join(
+        [
+            f"{first['model']}  (target {first['target']}, {first['nodes']['total']} nodes, inputs {shapes or 'none'}, "
+            f"{_count((first.get('cost') or {}).get('macs', 0))} MACs)",
+            "",
+            table(("policy", "MACs low", "weights low", "casts", "cast bytes/inference", "islands", "kept f32"), body),
+        ]
+    )
+
+
 def conversion_table(report: ConversionReport) -> str:
     lines = [
         f"{report.model} -> {report.output}  "
@@ -68,6 +122,9 @@ def conversion_table(report: ConversionReport) -> str:
             )
     if report.unknown_ops:
         lines.append(f"unknown ops kept in original types: {', '.join(sorted(set(report.unknown_ops)))}")
+    cost = cost_line(report.cost.to_json() if report.cost else None)
+    if cost:
+        lines.append(cost)
     return "\n".join(lines)
 
 
@@ -89,6 +146,9 @@ def conversion_markdown(reports: Sequence[ConversionReport], failed: Sequence[tu
             f"Weights: {_mib(r.initializer_bytes_before)} → {_mib(r.initializer_bytes_after)}.",
             "",
         ]
+        cost = cost_line(r.cost.to_json() if r.cost else None)
+        if cost:
+            out += [cost[0].upper() + cost[1:] + ".", ""]
     return "\n".join(out)
 
 
@@ -111,6 +171,9 @@ def inspect_table(summary: dict[str, Any]) -> str:
         ]
         if len(summary["kept_f32"]) > 50:
             lines.append(f"... and {len(summary['kept_f32']) - 50} more")
+    cost = cost_line(summary.get("cost"))
+    if cost:
+        lines += ["", cost]
     return "\n".join(lines)
 
 
@@ -307,6 +370,9 @@ def _conversion_facts_md(r: ConversionReport) -> list[str]:
         f"{_mib(r.initializer_bytes_after)}.",
         "",
     ]
+    cost = cost_line(r.cost.to_json() if r.cost else None)
+    if cost:
+        out += [cost[0].upper() + cost[1:] + ".", ""]
     out += _md_table(["kind", *_PRECISION_COLUMNS], _kind_rows(r.by_kind))
     if r.kept_f32:
         shown = r.kept_f32[:20]

@@ -51,7 +51,7 @@ from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.types import model_types, subgraphs
+from rlx_onnx_amp.types import model_types, names_read, subgraphs
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Scratch,
@@ -260,7 +260,7 @@ def _absorbed(
     them. Walked backwards from the outputs; a tensor read by a node with a body, or by a
     reader whose output the screen did not see, is never absorbed."""
     needed = {o.name for o in graph.output}
-    needed |= {name for node in graph.node for _, body in subgraphs(node) for name in _names_read(body)}
+    needed |= {name for node in graph.node for _, body in subgraphs(node) for name in names_read(body)}
 
     def absorbing(node: onnx.NodeProto, output: str) -> bool:
         if node.op_type not in ABSORBS_TINY_INPUTS or output not in fetched:
@@ -279,16 +279,6 @@ def _absorbed(
         for name, (reason, singular_only) in flags.items()
         if reason == "underflow" and not singular_only and name not in needed
     }
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every value name the nodes of `graph` and of its bodies read."""
-    read = set()
-    for node in graph.node:
-        read.update(node.input)
-        for _, body in subgraphs(node):
-            read |= _names_read(body)
-    return read
 
 
 def _rounding_loss(values: np.ndarray, info: PrecisionInfo) -> float:

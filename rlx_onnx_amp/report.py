@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlx_onnx_amp.cost import Cost
 from rlx_onnx_amp.taxonomy import OpKind
 
 __all__ = ["ConversionReport", "KeptNode"]
@@ -34,6 +35,7 @@ class ConversionReport:
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     by_op: dict[str, dict[str, int]] = field(default_factory=dict)
     casts_inserted: int = 0
+    casts_removed: int = 0  # existing Casts that would cast a value to its own type (rule idle-cast)
     kept_f32: list[KeptNode] = field(default_factory=list)
     clamped: dict[str, dict[str, float | int]] = field(default_factory=dict)
     initializer_bytes_before: int = 0
@@ -47,6 +49,7 @@ class ConversionReport:
     #: flow, unknown ops and nodes already in f32 are not among them.
     keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
     data_files: list[str] = field(default_factory=list)  # external data files written beside the output
+    cost: Cost | None = None  # what the conversion buys (`rlx_onnx_amp.cost`)
     verify: dict[str, Any] | None = None
     repair: dict[str, Any] | None = None
 
@@ -70,12 +73,15 @@ class ConversionReport:
             "by_kind": self.by_kind,
             "by_op": self.by_op,
             "casts_inserted": self.casts_inserted,
+            "casts_removed": self.casts_removed,
             "kept_f32": [k.to_json() for k in self.kept_f32],
             "clamped": self.clamped,
             "initializer_bytes": {"before": self.initializer_bytes_before, "after": self.initializer_bytes_after},
             "unknown_ops": self.unknown_ops,
             "data_files": self.data_files,
         }
+        if self.cost is not None:
+            data["cost"] = self.cost.to_json()
         if self.verify is not None:
             data["verify"] = self.verify
         if self.repair is not None:

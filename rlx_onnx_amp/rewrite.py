@@ -37,13 +37,14 @@ import functools
 import gc
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
+from rlx_onnx_amp.cost import estimate_cost
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.policy import Policy, policy_from_name
@@ -81,6 +82,7 @@ from rlx_onnx_amp.types import (
     constant_type,
     declared_types,
     infer_types,
+    names_read,
     schema_output_types,
     subgraphs,
 )
@@ -109,6 +111,12 @@ class ConvertOptions:
     #: The execution provider the model is meant for: a node whose op has no kernel there for
     #: its low precision stays f32 (see `kernels`).
     target: Target = Target.CUDA
+    #: Concrete input shapes for the cost model (`--shape`); symbolic axes not named here get
+    #: the verifier's defaults.
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Fill `ConversionReport.cost`: one shape inference over the graph (about a second per
+    #: 100,000 nodes); the CLI turns it off when nothing would show it (-q and no report file).
+    cost: bool = True
 
 
 @dataclass(slots=True)
@@ -156,6 +164,7 @@ class _Scope:
         self.cast_cache: dict[tuple[str, int], str] = {}
         self.positions: list[int] = []  # sort keys of the graph's nodes while emit_scope runs
         self.quantized_inputs: set[str] = set()  # values read by QuantizeLinear
+        self.folded: set[str] = set()  # Cast outputs some reader skipped (a Cast chain folded)
         self.has_qdq = False  # this scope or an enclosing one holds Q/DQ nodes
 
     def in_qdq_region(self, d: NodeDecision) -> bool:
@@ -258,6 +267,7 @@ class _Converter:
         self._templates: dict[tuple[object, ...], _Template] = {}
         self._cast_blocks: dict[Precision, str | None] = {}
         self.casts_inserted = 0
+        self.casts_removed = 0  # rule idle-cast
         self.clamped: dict[str, ClampStats] = {}
         # Small float tensors are narrowed together at the end (one numpy pass per precision).
         self.batching = sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
@@ -701,11 +711,12 @@ class _Converter:
             return scope.cast_cache[key]
         owner = scope.owner(name)
         producer = owner.producer.get(name) if owner else None
-        if producer is not None and producer.op == "Cast" and producer.inputs:
+        if owner is not None and producer is not None and producer.op == "Cast" and producer.inputs:
             inner = producer.inputs[0]
-            inner_type = owner.storage_type(inner) if owner else None
+            inner_type = owner.storage_type(inner)
             if inner_type == want and have == _F32:
                 # Cast(low -> f32) read back at low: the chain adds nothing (rule one-cast-per-value).
+                owner.folded.add(name)  # the Cast may be left without readers (rule idle-cast)
                 result = self.resolve(scope, inner, want, position)
                 scope.cast_cache[key] = result
                 return result
@@ -760,6 +771,7 @@ class _Converter:
                     self._value_info(scope, low_name, have or 0)
         defined, rename = scope.defined, scope.rename
         orig_type = scope.orig.get if is_main else scope.orig_type
+        idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
         for i, d in enumerate(scope.decisions):
             node = d.node
             if scope.children:
@@ -794,6 +806,8 @@ class _Converter:
                             self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, 3 * i + 2)
             if d.precision is not None and (d.source or d.op in _ATTRIBUTE_RETYPED_OPS):
                 self._retype_attributes(d, scope)
+            if d.op == "Cast" and not d.domain and len(d.inputs) == 1 and d.inputs[0]:
+                self._drop_idle_cast(scope, d, idle)
         if not is_main:
             for out in graph.output:  # body outputs keep their types; they may be renamed
                 want = scope.orig_type(out.name)
@@ -807,9 +821,59 @@ class _Converter:
             graph.node.sort(key=lambda _: next(keys))  # list.sort computes each key once, in list order
             if next(keys, None) is not None:
                 raise AssertionError("emit_scope: node sort keys out of step with the node list")
+        if scope.folded:
+            idle += self._unread_casts(scope)
+        if idle:
+            self._remove_nodes(scope, idle)
         self._retype_declarations(scope)
         self._convert_initializers(scope)
         self._run_batches()
+
+    def _drop_idle_cast(self, scope: _Scope, d: NodeDecision, idle: list[NodeProto]) -> None:
+        """Rule idle-cast: an existing Cast whose input now has the type it casts to (an
+        auto-mixed output converted again under always-f16) does nothing. Its readers read its
+        input instead and it is removed; one that gives a graph output becomes an Identity,
+        so the output keeps its name."""
+        to = next((a.i for a in d.node.attribute if a.name == "to"), None)
+        source = d.inputs[0]
+        if to is None or not _is_float(to) or scope.storage_type(source) != to:
+            return
+        out = d.outputs[0] if d.outputs else ""
+        if not out:
+            return
+        if any(o.name == out for o in scope.graph.output):
+            d.node.op_type = "Identity"
+            del d.node.attribute[:]
+        else:
+            scope.rename[out] = d.node.input[0]  # already rewired to the name its input has here
+            idle.append(d.node)
+        self.casts_removed += 1
+
+    def _unread_casts(self, scope: _Scope) -> list[NodeProto]:
+        """Rule idle-cast: the Casts whose every reader now reads past them (a folded chain)."""
+        graph = scope.graph
+        read = {o.name for o in graph.output}
+        for node in graph.node:
+            read.update(node.input)
+            for _, body in subgraphs(node):
+                read |= names_read(body)
+        unread = []
+        for name in scope.folded - read:
+            d = scope.producer.get(name)
+            if d is not None and d.op == "Cast":
+                unread.append(d.node)
+                self.casts_removed += 1
+        return unread
+
+    def _remove_nodes(self, scope: _Scope, nodes: list[NodeProto]) -> None:
+        """Delete `nodes` from the scope's graph, and the declarations of the values they made."""
+        graph = scope.graph
+        gone = {id(n) for n in nodes}
+        outputs = {o for n in nodes for o in n.output}
+        for i in reversed([i for i, n in enumerate(graph.node) if id(n) in gone]):
+            del graph.node[i]
+        for i in reversed([i for i, vi in enumerate(graph.value_info) if vi.name in outputs]):
+            del graph.value_info[i]
 
     def _retype_attributes(self, d: NodeDecision, scope: _Scope) -> None:
         node = d.node
@@ -927,6 +991,7 @@ class _Converter:
             target = scope.storage.get(init.name)
             if not self.weights:
                 if target is not None and target != init.data_type:
+                    init.data_type = target  # for the cost model only: a dry run's data stays as it was
                     precision = precision_of_elem_type(target)
                     self.report.initializer_bytes_after += (
                         before // 4 * precision.info.np_dtype.itemsize if precision else before
@@ -1012,6 +1077,7 @@ class _Converter:
             if kind is None:
                 unknown.append(op)
         report.casts_inserted = self.casts_inserted
+        report.casts_removed = self.casts_removed
         report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
         report.unknown_ops = sorted(set(unknown))
 
@@ -1074,7 +1140,8 @@ def convert_model(
 ) -> ConversionReport:
     """Rewrite `model` in place under `policy`; returns the conversion report.
 
-    With `weights=False` initializers are left as they are (a dry run for `inspect`).
+    With `weights=False` initializers keep their data but take their new element type (a dry
+    run for `inspect`: the model is for counting, not for saving).
     `progress`, if given, is called with the bytes of each initializer once it is written.
     """
     if isinstance(policy, str):
@@ -1090,6 +1157,8 @@ def convert_model(
     )
     with _gc_paused():
         converter.run()
+        if options.cost:
+            report.cost = estimate_cost(model, options.shapes)
     return report
 
 

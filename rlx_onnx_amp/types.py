@@ -27,18 +27,22 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.schema import OpSignature
 
 __all__ = [
+    "DEFAULT_DIM",
     "GRAPH_OPS",
     "NON_TENSOR",
     "OUTPUT_TYPE_ATTRIBUTE",
     "ScopeTypes",
     "all_graphs",
     "all_tensors",
+    "concrete_input_shape",
     "constant_type",
     "declared_types",
     "infer_types",
     "model_types",
+    "names_read",
     "schema_output_types",
     "schema_types",
+    "structure_copy",
     "subgraphs",
     "tensor_elem_type",
 ]
@@ -126,7 +130,8 @@ def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list
     return found
 
 
-def _structure_copy(model: ModelProto) -> ModelProto:
+def structure_copy(model: ModelProto) -> ModelProto:
+    """The model without its weight bytes: large or external initializers keep only their type and dims."""
     stub = ModelProto()
     stub.ir_version = model.ir_version
     stub.opset_import.extend(model.opset_import)
@@ -148,6 +153,29 @@ def _structure_copy(model: ModelProto) -> ModelProto:
     return stub
 
 
+def names_read(graph: GraphProto) -> set[str]:
+    """Every value name the nodes of `graph` and of its bodies read."""
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(node.input)
+        for _, body in subgraphs(node):
+            read |= names_read(body)
+    return read
+
+
+#: A symbolic axis of a graph input not given by `--shape`: the first axis gets 1 (a batch),
+#: the others this (verification's synthesized inputs and the cost model use the same rule).
+DEFAULT_DIM = 8
+
+
+def concrete_input_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...]:
+    """The shape a graph input gets when the user names none."""
+    return tuple(
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if axis == 0 else DEFAULT_DIM)
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim)
+    )
+
+
 def _collect(graph: GraphProto, path: str, out: ScopeTypes) -> None:
     types: dict[str, int] = {}
     for init in graph.initializer:
@@ -165,7 +193,7 @@ def _collect(graph: GraphProto, path: str, out: ScopeTypes) -> None:
 
 def infer_types(model: ModelProto) -> ScopeTypes:
     """Element types of the values of every scope."""
-    stub = _structure_copy(model)
+    stub = structure_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(stub, check_type=False, strict_mode=False, data_prop=False)
     except Exception as e:

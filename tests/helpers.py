@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +21,12 @@ LOW = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_,
        TensorProto.FLOAT16: np.float16}
+
+
+def rlx(*args: str | Path, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the command line (`python -m rlx_onnx_amp ARGS`) and capture its output."""
+    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
 
 
 def feeds_for(fixture: Fixture | None, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

@@ -16,11 +16,7 @@ from fixtures.make_fixtures import HEALTHY, write_external
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
-
-
-def rlx(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+from tests.helpers import rlx
 
 
 def _digest(path: Path) -> str:

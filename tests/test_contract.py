@@ -19,11 +19,7 @@ from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
-
-
-def rlx(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+from tests.helpers import rlx
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -157,7 +153,7 @@ def test_rtol_means_what_peers_mean(tmp_path: Path) -> None:
     # The element-wise check by hand, as np.allclose would judge it.
     assert output["required"]["atol"] == pytest.approx(output["max_abs"])
     assert "minimum tolerances:" in strict.stdout and "--rtol y:" in strict.stdout
-    assert f"bound" in strict.stdout.splitlines()[1]
+    assert "bound" in strict.stdout.splitlines()[1]
 
 
 # ---- reports: one row model ----------------------------------------------------------------

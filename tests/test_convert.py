@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
@@ -13,9 +14,20 @@ from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, Fixture, write_extern
 from rlx_onnx_amp import ConversionReport, convert, convert_file
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.verification.emulate import emulate
+from rlx_onnx_amp.verification.inputs import InputSpec, synthesize
 from tests.helpers import (
-    LOW, POLICIES, all_graphs, all_nodes, assert_close, cast_duplicates, data_file, elem_types, feeds_for, integer_digest,
-    run, value_names,
+    LOW,
+    POLICIES,
+    all_graphs,
+    all_nodes,
+    assert_close,
+    cast_duplicates,
+    data_file,
+    elem_types,
+    feeds_for,
+    integer_digest,
+    run,
+    value_names,
 )
 
 CASES = [(name, policy) for name in {**HEALTHY, **BROKEN_IN_F16} for policy in POLICIES]
@@ -46,15 +58,22 @@ def test_fixture_converts_validly(name: str, policy: str, tmp_path: Path) -> Non
     # graph I/O types kept, Casts that were there keep their `to`.
     assert integer_digest(converted) == integer_digest(original)
     assert cast_duplicates(converted) == []
-    assert value_names(original) <= value_names(converted)
+    # Rule idle-cast: an original Cast may go (or become an Identity for a graph output);
+    # only its output name may then disappear.
+    kept_casts = {n.name for n in all_nodes(converted) if n.op_type == "Cast"}
+    gone = [n for n in all_nodes(original) if n.op_type == "Cast" and n.name not in kept_casts]
+    assert len(gone) == report.casts_removed
+    assert value_names(original) - {n.output[0] for n in gone} <= value_names(converted)
     for a, b in zip(original.graph.input, converted.graph.input):
         assert (a.name, a.type.tensor_type.elem_type) == (b.name, b.type.tensor_type.elem_type)
     for a, b in zip(original.graph.output, converted.graph.output):
         assert (a.name, a.type.tensor_type.elem_type) == (b.name, b.type.tensor_type.elem_type)
     original_casts = {n.name: n.attribute[0].i for n in all_nodes(original) if n.op_type == "Cast"}
     converted_casts = {n.name: n.attribute[0].i for n in all_nodes(converted) if n.op_type == "Cast"}
-    assert {k: converted_casts[k] for k in original_casts} == original_casts
-    inserted = len(converted_casts) - len(original_casts)
+    assert {k: converted_casts[k] for k in original_casts if k in kept_casts} == {
+        k: v for k, v in original_casts.items() if k in kept_casts
+    }
+    inserted = len(converted_casts) - (len(original_casts) - len(gone))
     assert inserted == report.casts_inserted
 
     low_types = {t for t in elem_types(converted).values() if t in LOW}
@@ -165,14 +184,48 @@ def test_constants_convert_like_initializers_and_clamp() -> None:
 
 
 def test_existing_casts_keep_their_to() -> None:
-    converted = convert(HEALTHY["existing_casts"]().model, "always-f16")
+    report = ConversionReport()
+    converted = convert(HEALTHY["existing_casts"]().model, "always-f16", report=report)
     assert _node(converted, "to_half").attribute[0].i == TensorProto.FLOAT16
-    assert _node(converted, "to_float").attribute[0].i == TensorProto.FLOAT
     assert _node(converted, "pos_cast").attribute[0].i == TensorProto.FLOAT
     # relu_half reads the f16 value directly; the f32 round trip is not folded away
     assert _node(converted, "relu_half").input[0] == "x16"
-    # add_pos wants r32 = Cast(r16 -> f32) back at f16: the chain adds nothing, so it reads r16
+    # add_pos wants r32 = Cast(r16 -> f32) back at f16: the chain adds nothing, so it reads r16,
+    # and to_float, left without a reader, is removed (rule idle-cast)
     assert _node(converted, "add_pos").input[0] == "r16"
+    assert "to_float" not in {n.name for n in converted.graph.node} and report.casts_removed == 1
+    # Under always-f32 nothing is lowered: to_float keeps its reader and its `to`.
+    mixed = convert(HEALTHY["existing_casts"]().model, "always-f32")
+    assert _node(mixed, "to_float").attribute[0].i == TensorProto.FLOAT
+
+
+def test_no_cast_is_wasted_when_a_mixed_model_is_converted_again(tmp_path: Path) -> None:
+    """An auto-mixed output converted under always-f16: its Cast(to=f16) after each f32 node
+    would now cast f16 to f16, and its Cast(to=f32) would have no reader. Both go; the numbers
+    are those of converting the original under always-f16."""
+    from rlx_onnx_amp.types import model_types
+
+    original = HEALTHY["transformer_block"]().model
+    mixed = convert(original, "auto-mixed")
+    again_report = ConversionReport()
+    again = convert(mixed, "always-f16", report=again_report)
+    types = model_types(again)[""]
+    casts = [n for n in again.graph.node if n.op_type == "Cast"]
+    assert not [n.name for n in casts if types.get(n.input[0]) == n.attribute[0].i]  # none to its own type
+    read = {i for n in again.graph.node for i in n.input} | {o.name for o in again.graph.output}
+    assert not [n.name for n in casts if n.output[0] not in read]  # none without a reader
+    mixed_casts = sum(n.op_type == "Cast" for n in mixed.graph.node)
+    assert again_report.casts_removed >= 6 and len(casts) < mixed_casts
+    direct = convert(original, "always-f16")
+    assert len(casts) == sum(n.op_type == "Cast" for n in direct.graph.node)
+    path = tmp_path / "again.onnx"
+    onnx.save(again, str(path))
+    onnx.checker.check_model(str(path), full_check=True)
+    feeds = synthesize(original, InputSpec(seed=3))
+    run = {m: ort.InferenceSession(x.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+           for m, x in (("again", again), ("direct", direct))}
+    for a, b in zip(run["again"], run["direct"]):
+        np.testing.assert_array_equal(a, b)  # the same f16 graph, computed the same way
 
 
 def test_schema_keeps_resize_scales_and_dynamic_quantize_input() -> None:

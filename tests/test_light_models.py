@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.backend.test
 import pytest
-
-import numpy as np
 
 from rlx_onnx_amp import ConversionReport, convert
 from rlx_onnx_amp.verification import VerifyOptions, verify

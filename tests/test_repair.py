@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 from onnx import helper as h
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
-import onnxruntime as ort
-
 from rlx_onnx_amp import ModelRunError, make_options
 from rlx_onnx_amp.repair import repair_file
 from rlx_onnx_amp.verification import VerifyOptions
-
-
-def rlx(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], capture_output=True, text=True, timeout=300)
+from tests.helpers import rlx
 
 
 def _cancellation_model() -> onnx.ModelProto:

@@ -9,8 +9,6 @@ Each repair case checks the exit code, that the written model is the best candid
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +19,7 @@ from fixtures.make_fixtures import DEMO, REPAIR_CASES
 from tests.test_repair import _cancellation_model
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def rlx(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *map(str, args)], capture_output=True, text=True, timeout=300)
+from tests.helpers import rlx
 
 
 def _save(tmp_path: Path, name: str) -> Path:

@@ -6,7 +6,7 @@ import onnx.defs
 import pytest
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
-from rlx_onnx_amp.policy import POLICY_NAMES, policy_from_name, Policy
+from rlx_onnx_amp.policy import POLICY_NAMES, Policy, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import KERNEL_GAPS, OP_KINDS, OpKind, kind_of
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +18,9 @@ from rlx_onnx_amp import convert_file
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.verification import InputSpec, Tolerance, VerifyOptions, compare_arrays, verify
 from rlx_onnx_amp.verification.inputs import synthesize
-from tests.helpers import data_file
+from tests.helpers import data_file, rlx
 
 TOL = Tolerance(1e-2, 1e-2, 0.999)
-
-
-def rlx(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], capture_output=True, text=True, timeout=300)
 
 
 # ---- metrics ------------------------------------------------------------------------------

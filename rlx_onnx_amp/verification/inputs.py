@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.files import OutputSet
+from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
 
 __all__ = [
     "DEFAULT_DIM",
@@ -42,7 +43,6 @@ __all__ = [
     "synthesize",
 ]
 
-DEFAULT_DIM = 8
 DEFAULT_SEED = 0
 
 # Ops that pass integer ids through unchanged in value, on the way to a Gather.
@@ -122,15 +122,7 @@ def _vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _shape(vi: onnx.ValueInfoProto, spec: InputSpec) -> tuple[int, ...]:
-    if vi.name in spec.shapes:
-        return spec.shapes[vi.name]
-    dims = []
-    for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-        if d.HasField("dim_value") and d.dim_value > 0:
-            dims.append(d.dim_value)
-        else:
-            dims.append(1 if axis == 0 else DEFAULT_DIM)
-    return tuple(dims)
+    return spec.shapes[vi.name] if vi.name in spec.shapes else concrete_input_shape(vi)
 
 
 def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict[str, np.ndarray]:
