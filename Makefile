@@ -23,6 +23,12 @@ test-fast: lint
 fixtures:
 	$(PYTHON) fixtures/make_fixtures.py
 
+# README's report screenshot: the browser test's own pages, saved under docs/img.
+.PHONY: report-screenshots
+report-screenshots:
+	RLX_AMP_ARTIFACTS=docs/img $(PYTHON) -m pytest -q tests/test_report_html.py -k "person and repaired"
+	rm -f docs/img/report-repaired-dark.png
+
 # Benchmarks (figures in README); they need `pip install onnxconverter-common` for the peers.
 bench-node-cases:
 	$(PYTHON) bench/onnx_node_cases.py

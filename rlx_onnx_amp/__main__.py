@@ -2,7 +2,9 @@
 
 The signal handlers go in before the heavy imports (onnx, onnxruntime: most of a second), so
 Ctrl-C or SIGTERM at any moment ends the run with one line and its own exit code (130, 143),
-never a traceback or click's "Aborted!" with exit 1, the drift code.
+never a traceback or click's "Aborted!" with exit 1, the drift code. During those imports the
+signals are held and acted on right after: an exception raised inside a C extension's
+initialization would surface as "ImportError: initialization failed" instead.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import signal
 import sys
 
 from rlx_onnx_amp.errors import Terminated, raise_terminated
+from rlx_onnx_amp.files import signals_deferred
 
 EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
 
@@ -23,9 +26,10 @@ def _stop(message: str, code: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        import click
+        with signals_deferred():
+            import click
 
-        from rlx_onnx_amp.cli import main as command
+            from rlx_onnx_amp.cli import main as command
 
         try:
             command.main(args=argv, prog_name="rlx-amp", standalone_mode=False)

@@ -265,9 +265,14 @@ def _plan_reports(
     report_md: str | None,
     verify_options: VerifyOptions | None,
     map_file: str | None = None,
+    report_html: str | None = None,
 ) -> None:
     """Add the run's other files to its plan: reports and saved inputs written, map and input files read."""
-    for path, role in ((report_json, "--report-json file"), (report_md, "--report-md file")):
+    for path, role in (
+        (report_json, "--report-json file"),
+        (report_md, "--report-md file"),
+        (report_html, "--report-html file"),
+    ):
         if path:
             paths.write(path, role)
     if verify_options is not None:
@@ -318,6 +323,11 @@ def main() -> None:
 @click.option("--report-json", metavar="PATH", help="Write the conversion report as JSON.")
 @click.option("--report-md", metavar="PATH", help="Write a Markdown summary (with --verify: the drift report).")
 @click.option(
+    "--report-html",
+    metavar="PATH",
+    help="Write one self-contained HTML page: plots of the drift, the conversion and the repair.",
+)
+@click.option(
     "--verify",
     "do_verify",
     is_flag=True,
@@ -349,6 +359,7 @@ def convert_cmd(
     data_name: str | None,
     report_json: str | None,
     report_md: str | None,
+    report_html: str | None,
     do_verify: bool,
     do_repair: bool,
     repair_budget: int,
@@ -364,7 +375,7 @@ def convert_cmd(
         _refuse_idle_options(ctx, do_verify, do_repair)
         resolved = _policy(policy, map_text, map_file)
         shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
-        shown = not quiet or bool(report_json or report_md)  # the cost model costs a shape inference
+        shown = not quiet or bool(report_json or report_md or report_html)  # the cost model costs a shape inference
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
         verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
         if repair_budget < 1:
@@ -376,7 +387,7 @@ def convert_cmd(
         for src, dst in zip(models, targets):
             paths.read(src, "input model")
             paths.write(dst, "output model")
-        _plan_reports(paths, report_json, report_md, verify_options, map_file)
+        _plan_reports(paths, report_json, report_md, verify_options, map_file, report_html)
         paths.check()
         job = _ConvertJob(resolved, options, verify_options, do_repair, repair_budget, data_name, quiet, verbose, paths)
         batch = len(models) > 1
@@ -397,6 +408,8 @@ def convert_cmd(
                 outputs.write_text(report_json, _json_text(job.json(batch)))
             if report_md:
                 outputs.write_text(report_md, job.markdown())
+            if report_html:
+                outputs.write_text(report_html, job.html())
             outputs.commit()
         job.summary(batch)
         return job.exit_code()
@@ -574,6 +587,13 @@ class _ConvertJob:
             return render.verify_markdown(self.verified, failed)
         return render.conversion_markdown(self.reports, failed)
 
+    def html(self) -> str:
+        from rlx_onnx_amp.html_report import html_report
+
+        verified = {id(c): v for c, v in self.verified}
+        entries = [(r, verified.get(id(r))) for r in self.reports]
+        return html_report(entries, [(m, e) for m, e, _ in self.failed], title="rlx-amp conversion report")
+
     def summary(self, batch: bool) -> None:
         if not batch:
             return
@@ -676,6 +696,7 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
 @_verify_options
 @click.option("--report-json", metavar="PATH", help="Write the drift report as JSON (under the key `verify`).")
 @click.option("--report-md", metavar="PATH", help="Write the drift report as Markdown.")
+@click.option("--report-html", metavar="PATH", help="Write the drift report as a self-contained HTML page with plots.")
 @click.option("--quiet", "-q", is_flag=True, help="No table.")
 @click.option("-v", "--verbose", count=True)
 def verify_cmd(
@@ -683,6 +704,7 @@ def verify_cmd(
     candidate: str,
     report_json: str | None,
     report_md: str | None,
+    report_html: str | None,
     quiet: bool,
     verbose: int,
     **verify_kwargs: Any,
@@ -695,7 +717,7 @@ def verify_cmd(
         paths = RunPaths()
         plan_model_reads(paths, reference, "reference model")
         plan_model_reads(paths, candidate, "candidate model")
-        _plan_reports(paths, report_json, report_md, verify_options)
+        _plan_reports(paths, report_json, report_md, verify_options, report_html=report_html)
         paths.check()
         with OutputSet(paths.protected()) as outputs:
             _status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
@@ -709,6 +731,10 @@ def verify_cmd(
                 outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
             if report_md:
                 outputs.write_text(report_md, render.verify_markdown([(None, result)]))
+            if report_html:
+                from rlx_onnx_amp.html_report import html_report
+
+                outputs.write_text(report_html, html_report([(None, result)], title="rlx-amp drift report"))
             outputs.commit()
         return EXIT_OK if result.passed else EXIT_DRIFT
 

@@ -23,19 +23,19 @@ __all__ = [
     "verify_table",
 ]
 
-_PRECISION_COLUMNS = ("f32", "f16", "bf16", "none")
+PRECISION_COLUMNS = ("f32", "f16", "bf16", "none")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain aligned text table."""
-    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [[fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def _fmt(value: object) -> str:
+def fmt(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -48,7 +48,7 @@ def _mib(n: int) -> str:
 
 
 def _kind_rows(by_kind: dict[str, dict[str, int]]) -> list[list[object]]:
-    return [[kind, *(counts.get(p, 0) for p in _PRECISION_COLUMNS)] for kind, counts in sorted(by_kind.items())]
+    return [[kind, *(counts.get(p, 0) for p in PRECISION_COLUMNS)] for kind, counts in sorted(by_kind.items())]
 
 
 def _count(n: float) -> str:
@@ -64,14 +64,14 @@ def cost_line(cost: Mapping[str, Any] | None) -> str | None:
     if not cost:
         return None
     shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in cost["input_shapes"].items())
-    macs = f"{_count(cost['macs'])} MACs, {_share(cost['mac_low_share'])} low"
+    macs = f"{_count(cost['macs'])} MACs, {percent(cost['mac_low_share'])} low"
     if cost["unknown_macs_nodes"]:
         macs += f" ({cost['unknown_macs_nodes']} Compute nodes of unknown shape not counted)"
     casts = f"{cost['casts']} float Casts moving {_count(cost['cast_bytes'])}B per inference"
     if cost["unknown_cast_nodes"]:
         casts += f" ({cost['unknown_cast_nodes']} of unknown shape)"
     return (
-        f"cost: {macs}; weights {_share(cost['weight_low_share'])} low; {casts}; "
+        f"cost: {macs}; weights {percent(cost['weight_low_share'])} low; {casts}; "
         f"{cost['islands']} low-precision islands (inputs {shapes or 'none'})"
     )
 
@@ -87,8 +87,8 @@ def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
         body.append(
             [
                 r["policy"]["name"],
-                _share(c.get("mac_low_share")),
-                _share(c.get("weight_low_share")),
+                percent(c.get("mac_low_share")),
+                percent(c.get("weight_low_share")),
                 r["casts_inserted"],
                 f"{_count(c.get('cast_bytes', 0))}B",
                 c.get("islands", "-"),
@@ -109,7 +109,7 @@ def conversion_table(report: ConversionReport) -> str:
     lines = [
         f"{report.model} -> {report.output}  "
         f"(policy {report.policy.name if report.policy else '?'}, target {report.target or '?'})",
-        table(("kind", *_PRECISION_COLUMNS), _kind_rows(report.by_kind)),
+        table(("kind", *PRECISION_COLUMNS), _kind_rows(report.by_kind)),
         f"nodes {report.nodes_total}, casts inserted {report.casts_inserted}, kept f32 {len(report.kept_f32)}, "
         f"weights {_mib(report.initializer_bytes_before)} -> {_mib(report.initializer_bytes_after)}",
     ]
@@ -138,7 +138,7 @@ def conversion_markdown(reports: Sequence[ConversionReport], failed: Sequence[tu
             f"(policy `{r.policy.name if r.policy else '?'}`, target `{r.target or '?'}`)",
             "",
         ]
-        out += ["| kind | " + " | ".join(_PRECISION_COLUMNS) + " |", "|---" * (len(_PRECISION_COLUMNS) + 1) + "|"]
+        out += ["| kind | " + " | ".join(PRECISION_COLUMNS) + " |", "|---" * (len(PRECISION_COLUMNS) + 1) + "|"]
         out += ["| " + " | ".join(str(c) for c in row) + " |" for row in _kind_rows(r.by_kind)]
         out += [
             "",
@@ -157,11 +157,11 @@ def inspect_table(summary: dict[str, Any]) -> str:
         f"{summary['model']}  (policy {summary['policy']['name']}, target {summary['target']}, "
         f"{summary['nodes']['total']} nodes)",
         "",
-        table(("kind", *_PRECISION_COLUMNS), _kind_rows(summary["by_kind"])),
+        table(("kind", *PRECISION_COLUMNS), _kind_rows(summary["by_kind"])),
         "",
         table(
-            ("op", *_PRECISION_COLUMNS),
-            [[op, *(c.get(p, 0) for p in _PRECISION_COLUMNS)] for op, c in summary["by_op"].items()],
+            ("op", *PRECISION_COLUMNS),
+            [[op, *(c.get(p, 0) for p in PRECISION_COLUMNS)] for op, c in summary["by_op"].items()],
         ),
     ]
     if summary["kept_f32"]:
@@ -234,7 +234,7 @@ DRIFT_COLUMNS: tuple[DriftColumn, ...] = (
 
 def drift_rows(report: Any) -> list[list[str]]:
     """The drift table's cells, one row per output (failures first)."""
-    return [[_fmt(c.cell(o)) for c in DRIFT_COLUMNS] for o in report.outputs]
+    return [[fmt(c.cell(o)) for c in DRIFT_COLUMNS] for o in report.outputs]
 
 
 def failed_verdict(report: Any) -> str:
@@ -243,7 +243,7 @@ def failed_verdict(report: Any) -> str:
     return f"FAILED {report.candidate}: {'; '.join(failed) or 'no output compared'}"
 
 
-def _required(o: OutputDrift) -> str | None:
+def required_tolerances(o: OutputDrift) -> str | None:
     """The smallest tolerance that would have passed this output (Polygraphy's 'minimum
     required tolerance'), each option alone."""
     r = o.required or {}
@@ -260,7 +260,7 @@ def _required(o: OutputDrift) -> str | None:
     return text
 
 
-def _criterion_line(report: Any) -> str:
+def criterion_line(report: Any) -> str:
     rtol = report.rtol.get("")
     tolerances = f"atol {report.atol['']:g}, rtol_of_max {report.rtol_of_max['']:g}"
     if rtol is not None:
@@ -281,24 +281,24 @@ def verify_table(report: Any, verbose: bool = False) -> str:
     )
     lines = [header, table([c.header for c in DRIFT_COLUMNS], drift_rows(report))]
     if report.localized:
-        lines += ["", "first nodes where drift starts:", table(*_localized_table(report.localized))]
-    lines.append(_criterion_line(report))
+        lines += ["", "first nodes where drift starts:", table(*localized_table(report.localized))]
+    lines.append(criterion_line(report))
     lines.append(f"criterion: {report.criterion}")
     if verbose or not report.passed:
-        needed = [t for o in report.outputs if (verbose or not o.passed) and (t := _required(o))]
+        needed = [t for o in report.outputs if (verbose or not o.passed) and (t := required_tolerances(o))]
         if needed:
             lines += ["minimum tolerances:", *(f"  {t}" for t in needed)]
         lines += ["columns:", *(f"  {c.header}: {c.legend}" for c in DRIFT_COLUMNS)]
     return "\n".join(lines)
 
 
-def _localized_table(localized: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[object]]]:
+def localized_table(localized: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[object]]]:
     rows = []
     for d in localized:
         detail = (
             f"{d['reference_shape']} vs {d['candidate_shape']}"
             if d["reason"] == "shape differs"
-            else _fmt(d["rel_error"])
+            else fmt(d["rel_error"])
         )
         rows.append([d["node"], d["op"], d["tensor"], d["reason"], detail, d["input_rel_error"]])
     return ["node", "op", "tensor", "reason", "rel_error or shapes", "inputs' rel_error"], rows
@@ -306,7 +306,7 @@ def _localized_table(localized: Sequence[dict[str, Any]]) -> tuple[list[str], li
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     def cell(v: object) -> str:
-        return _fmt(v).replace("|", "\\|")
+        return fmt(v).replace("|", "\\|")
 
     return [
         "| " + " | ".join(headers) + " |",
@@ -345,15 +345,15 @@ def verify_markdown(entries: Sequence[tuple[Any, Any]], failed: Sequence[tuple[s
             "",
             f"Compared against `{v.reference}`. Criterion: {v.criterion}.",
             "",
-            _criterion_line(v) + f". Seed {v.seed}, {v.samples} input set(s).",
+            criterion_line(v) + f". Seed {v.seed}, {v.samples} input set(s).",
             "",
         ]
         out += _md_table([c.header for c in DRIFT_COLUMNS], drift_rows(v))
-        needed = [t for o in v.outputs if not o.passed and (t := _required(o))]
+        needed = [t for o in v.outputs if not o.passed and (t := required_tolerances(o))]
         if needed:
             out += ["", "Minimum tolerances that would have passed:", "", *(f"- `{t}`" for t in needed)]
         if v.localized:
-            out += ["", "First nodes where drift starts:", "", *_md_table(*_localized_table(v.localized))]
+            out += ["", "First nodes where drift starts:", "", *_md_table(*localized_table(v.localized))]
         if conv is not None:
             out += ["", "### Conversion", "", *_conversion_facts_md(conv)]
             if conv.repair is not None:
@@ -373,7 +373,7 @@ def _conversion_facts_md(r: ConversionReport) -> list[str]:
     cost = cost_line(r.cost.to_json() if r.cost else None)
     if cost:
         out += [cost[0].upper() + cost[1:] + ".", ""]
-    out += _md_table(["kind", *_PRECISION_COLUMNS], _kind_rows(r.by_kind))
+    out += _md_table(["kind", *PRECISION_COLUMNS], _kind_rows(r.by_kind))
     if r.kept_f32:
         shown = r.kept_f32[:20]
         out += ["", *_md_table(["kept f32", "op", "reason"], [[f"`{k.node}`", k.op, k.reason] for k in shown])]
@@ -390,7 +390,7 @@ def _repair_md(repair: dict[str, Any]) -> list[str]:
     out = [
         f"{'Met the tolerance' if repair['passed'] else 'Did not meet the tolerance'} after "
         f"{repair['evaluations']} evaluations; wrote evaluation {best.get('evaluation')} ({best.get('stage')}, "
-        f"score {_fmt(best.get('score'))}); minimality {repair.get('minimality')}.",
+        f"score {fmt(best.get('score'))}); minimality {repair.get('minimality')}.",
         "",
     ]
     out += _md_table(
@@ -422,8 +422,8 @@ def repair_summary(result: Any) -> str:
     lines = [
         f"repair: {verdict} after {result.evaluations} evaluations: {written}; {len(result.kept)} nodes kept f32 "
         f"(minimality {result.minimality}); "
-        f"low precision: {_share(result.compute_low_share)} of Compute nodes, "
-        f"{_share(result.weight_low_share)} of float weight bytes"
+        f"low precision: {percent(result.compute_low_share)} of Compute nodes, "
+        f"{percent(result.weight_low_share)} of float weight bytes"
     ]
     if result.kept:
         lines.append(
@@ -435,5 +435,5 @@ def repair_summary(result: Any) -> str:
     return "\n".join(lines)
 
 
-def _share(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.0f}%"

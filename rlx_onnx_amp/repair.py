@@ -18,7 +18,8 @@ not a Constant-like node, a Cast, control flow or an unknown op).
    or a shape starts to differ (`--localize`) is kept in f32 (`drift`).
 3. **Bisection** over what remains when localization names no new node: the keepable nodes in
    graph order (bodies of If/Loop/Scan included, by node path) are halved, keeping the half
-   whose f32 restores the most accuracy, until one node is left.
+   whose f32 restores the most accuracy, until one node is left; when both halves of a pool
+   that passed fail, it stops (the culprits span both) and minimization takes over.
 4. **Minimality**: once a candidate passes, kept nodes are given back in chunks while the
    result still passes, as far as the budget allows: the screen's readers-only nodes first,
    then the Compute nodes, then the rest; a chunk that cannot go is halved.

@@ -54,6 +54,8 @@ class VerifyReport:
     inputs: dict[str, list[int]]
     outputs: list[OutputDrift]
     localized: list[dict[str, Any]] | None = None
+    #: With --localize: every compared tensor in graph order with its relative error (see `localize`).
+    localize_trace: list[dict[str, Any]] | None = None
 
     @property
     def criterion(self) -> str:
@@ -89,6 +91,7 @@ class VerifyReport:
             "passed": self.passed,
             "outputs": [o.to_json() for o in self.outputs],
             "localized": self.localized,
+            "localize_trace": self.localize_trace,
         }
 
 
@@ -142,7 +145,9 @@ def verify(
         precision = compared.precision
         results = run_samples(ref_session, compared, samples, ref_session.output_names, progress)
         localized = None
+        trace: list[dict[str, Any]] | None = None
         if options.localize:
+            trace = []
             localized = localize(
                 ref_model,
                 ref_path.parent,
@@ -152,6 +157,7 @@ def verify(
                 tmp,
                 tolerance_for("", precision, options),
                 options.localize_top,
+                trace,
             )
     drifts = compare_outputs(results, precision, options)
     info = PRECISIONS[precision]
@@ -179,6 +185,7 @@ def verify(
         inputs={k: list(v.shape) for k, v in samples[0].items()},
         outputs=drifts,
         localized=localized,
+        localize_trace=trace,
     )
 
 

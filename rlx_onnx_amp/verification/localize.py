@@ -87,8 +87,11 @@ def localize(
     tmp: Scratch,
     tol: Tolerance,
     top: int,
+    trace: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The first `top` nodes of the main graph, in graph order, where drift starts."""
+    """The first `top` nodes of the main graph, in graph order, where drift starts. `trace`, if
+    given, receives every compared tensor in graph order (`tensor`, `node`, `op`, `rel_error`,
+    `new_nonfinite`; `shapes` where they differ): what the HTML report plots."""
     ref_names = float_values(ref_model)
     cand_names = {o for node in compared.model.graph.node for o in node.output}
     shared = [n for n in ref_names if n in cand_names]
@@ -102,6 +105,22 @@ def localize(
     max_finite = PRECISIONS[compared.precision].max_finite if compared.precision is not Precision.F32 else np.inf
     errors = {n: tensor_errors(ref_values[n], cand_values[n], max_finite) for n in shared}
     del ref_values, cand_values
+    if trace is not None:
+        for index, node in enumerate(ref_model.graph.node):
+            for out in node.output:
+                if out in errors:
+                    e = errors[out]
+                    rel = e["rel_error"]
+                    entry = {
+                        "tensor": out,
+                        "node": node.name or f"{node.op_type}@{index}",
+                        "op": node.op_type,
+                        "rel_error": rel if np.isfinite(rel) else None,
+                        "new_nonfinite": e["new_nonfinite"],
+                    }
+                    if "shapes" in e:
+                        entry["shapes"] = e["shapes"]
+                    trace.append(entry)
     found: list[dict[str, Any]] = []
     for index, node in enumerate(ref_model.graph.node):
         outs = [o for o in node.output if o in errors]

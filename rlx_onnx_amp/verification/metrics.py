@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECKS", "OutputDrift", "Tolerance", "compare_arrays"]
+__all__ = ["CHECKS", "HISTOGRAM_BINS", "SAMPLE_SIZE", "OutputDrift", "Tolerance", "compare_arrays"]
+
+#: Bins of the |c - r| histogram, and elements sampled for the reference-candidate plot (plus
+#: the `WORST_SHOWN` worst), in `OutputDrift.distribution`.
+HISTOGRAM_BINS = 40
+SAMPLE_SIZE = 400
+WORST_SHOWN = 10
 
 #: The checks an output is judged by, in the order a report names them.
 CHECKS = ("finite", "shape", "exact", "max-scaled", "element-wise", "cosine")
@@ -66,6 +72,10 @@ class OutputDrift:
     #: 1 + 1000 x the share of non-float values that differ; 1e9 for a shape that differs.
     #: Repair minimizes it.
     score: float = 0.0
+    #: What the HTML report plots (`distribution`): the |c - r| histogram over log-spaced bins
+    #: (`abs_error_histogram`: edges, counts, exact zeros) and a sample of elements
+    #: (`sample`: flat indices, reference and candidate values, evenly spaced plus the worst).
+    distribution: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "tolerance"}
@@ -206,6 +216,7 @@ def _float_checks(
         )
         if cosine < tol.min_cosine:
             failures.append(("cosine", f"cosine {cosine:.7f} < {tol.min_cosine:g}"))
+    drift.distribution = _distribution(diff, rf, cf, np.flatnonzero(both))
     drift.required = {
         "atol": drift.max_abs,
         "rtol_of_max": drift.max_abs / ref_scale if ref_scale > 0 else None,
@@ -214,6 +225,36 @@ def _float_checks(
     }
     drift.score = score
     return failures
+
+
+def _short(values: np.ndarray) -> list[float]:
+    """Floats at 6 significant digits: plots need no more, and the JSON report stays small."""
+    return [float(f"{v:.6g}") for v in values.tolist()]
+
+
+def _distribution(diff: np.ndarray, rf: np.ndarray, cf: np.ndarray, flat: np.ndarray) -> dict[str, Any]:
+    positive = diff[diff > 0]
+    histogram: dict[str, Any] = {"edges": [], "counts": [], "zeros": int(diff.size - positive.size)}
+    if positive.size:
+        lo, hi = float(np.log10(positive.min())), float(np.log10(positive.max()))
+        edges = np.logspace(lo, hi if hi > lo else lo + 1, HISTOGRAM_BINS + 1)
+        counts, _ = np.histogram(positive, edges)
+        histogram.update(edges=_short(edges), counts=[int(n) for n in counts])
+    picks = np.unique(np.linspace(0, diff.size - 1, min(SAMPLE_SIZE, diff.size)).astype(np.int64))
+    worst = np.argsort(diff)[-WORST_SHOWN:][::-1]
+    return {
+        "abs_error_histogram": histogram,
+        "sample": {
+            "index": [int(i) for i in flat[picks]],
+            "reference": _short(rf[picks]),
+            "candidate": _short(cf[picks]),
+        },
+        "worst": {
+            "index": [int(i) for i in flat[worst]],
+            "reference": _short(rf[worst]),
+            "candidate": _short(cf[worst]),
+        },
+    }
 
 
 def _verdict(drift: OutputDrift, failures: list[tuple[str, str]], score: float) -> OutputDrift:
