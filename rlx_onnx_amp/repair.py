@@ -60,8 +60,9 @@ from rlx_onnx_amp.verification.compare import (
     VerifyOptions,
     compare_outputs,
     open_compared,
+    pair_runs,
     resolve_provider,
-    stack_samples,
+    run_each,
     tolerance_for,
 )
 from rlx_onnx_amp.verification.core import VerifyReport, check_output_names, verify
@@ -409,7 +410,7 @@ class _Evaluator:
         )
         ref_session = Session(str(ref_path), self.provider, str(ref_path))
         self.output_names = ref_session.output_names
-        self.reference = [ref_session.run(f, self.output_names) for f in self.samples]
+        self.reference = run_each(ref_session, self.samples, self.output_names)
         del ref_session
         self.evaluations = 0
         self.compared: Compared | None = None
@@ -424,11 +425,9 @@ class _Evaluator:
         compared = open_compared(
             self.model, None, candidate, None, self.provider, self.verify_options.emulate, self.tmp, "candidate"
         )
-        runs = [compared.run(f, self.output_names) for f in self.samples]
-        results = {
-            n: (stack_samples([r[n] for r in self.reference]), stack_samples([c[n] for c in runs]))
-            for n in self.output_names
-        }
+        runs = run_each(compared, self.samples, self.output_names)
+        compared.release()  # localization opens its own sessions
+        results = pair_runs(self.reference, runs, self.output_names)
         drifts = compare_outputs(results, compared.precision, self.verify_options)
         self.compared, self.candidate = compared, candidate
         return bool(drifts) and all(d.passed for d in drifts), max((d.score for d in drifts), default=0.0), report

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -40,9 +41,10 @@ __all__ = [
     "emulation_reason",
     "lowest_precision",
     "open_compared",
+    "pair_runs",
     "resolve_provider",
     "round_feeds",
-    "run_samples",
+    "run_each",
     "stack_samples",
     "tolerance_for",
 ]
@@ -55,6 +57,9 @@ PROVIDERS: Mapping[str, str] = {
     "coreml": "CoreMLExecutionProvider",
 }
 _AUTO_ORDER = ("cuda", "coreml", "cpu")
+#: onnxruntime's intra-op threads per session; 0 lets it choose (all cores). Batch workers
+#: (`--jobs`) share the CPUs out.
+SESSION_THREADS = 0
 _F32 = onnx.TensorProto.FLOAT
 
 
@@ -95,6 +100,7 @@ class Session:
     def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        opts.intra_op_num_threads = SESSION_THREADS
         providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
         buffers = [_map_file(path) for path in (external or {}).values()]
         if buffers:
@@ -300,7 +306,7 @@ class Compared:
 
     model: onnx.ModelProto  # the model the session runs (the emulated one when emulated)
     base_dir: Path | None  # where that model's external data is read from
-    session: Session
+    session: Session | None  # None once released (`release`)
     precision: Precision  # the lowest precision the candidate holds
     low: Mapping[str, int]  # value -> low element type in the candidate
     emulated: bool
@@ -313,7 +319,13 @@ class Compared:
         return self.low if self.emulated else {}
 
     def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+        if self.session is None:
+            raise RuntimeError("Compared.run after release()")
         return self.session.run(round_feeds(feeds, self.feed_low) if self.emulated else feeds, names)
+
+    def release(self) -> None:
+        """Free the onnxruntime session (its weights): what was compared stays described."""
+        self.session = None
 
 
 def open_compared(
@@ -360,26 +372,36 @@ def open_compared(
     )
 
 
-def run_samples(
-    ref: Session,
-    compared: Compared,
+class Runner(Protocol):
+    def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+
+def run_each(
+    runner: Runner,
     samples: Sequence[Mapping[str, np.ndarray]],
     names: Sequence[str],
     progress: Progress | None = None,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each output's reference and candidate values over every input set."""
-    collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
+    stage: str = "running",
+) -> list[dict[str, np.ndarray]]:
+    """`names` from one session (`Session` or `Compared`) for every input set: the reference
+    and the candidate run one after the other, never both held at once."""
+    runs = []
     for k, feeds in enumerate(samples):
         if progress is not None and k == 0:
-            progress("running", 0, len(samples))
-        r = ref.run(feeds, names)
-        c = compared.run(feeds, names)
-        for n in names:
-            collected[n][0].append(np.asarray(r[n]))
-            collected[n][1].append(np.asarray(c[n]))
+            progress(stage, 0, len(samples))
+        runs.append({n: np.asarray(v) for n, v in runner.run(feeds, names).items()})
         if progress is not None:
-            progress("running", k + 1, len(samples))  # after the set ran, so the bar ends at 100%
-    return {n: (stack_samples(a), stack_samples(b)) for n, (a, b) in collected.items()}
+            progress(stage, k + 1, len(samples))  # after the set ran, so the bar ends at 100%
+    return runs
+
+
+def pair_runs(
+    reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each output's reference and candidate values over every input set."""
+    return {
+        n: (stack_samples([r[n] for r in reference]), stack_samples([c[n] for c in candidate])) for n in names
+    }
 
 
 def compare_outputs(

@@ -22,8 +22,9 @@ from rlx_onnx_amp.verification.compare import (
     VerifyOptions,
     compare_outputs,
     open_compared,
+    pair_runs,
     resolve_provider,
-    run_samples,
+    run_each,
     tolerance_for,
 )
 from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, save_inputs, synthesize
@@ -137,13 +138,21 @@ def verify(
         else:
             save_inputs(outputs, options.save_inputs, samples)
 
+    # One onnxruntime session at a time (the reference's outputs kept, its session released,
+    # then the candidate's): verifying needs about one model's memory, not two.
     ref_session = Session(str(ref_path), provider, str(ref_path))
+    names, providers_used = ref_session.output_names, ref_session.session.get_providers()
+    ref_runs = run_each(ref_session, samples, names, progress, "running the reference")
+    del ref_session
     with Scratch("rlx-amp-verify-") as tmp:
         compared = open_compared(
             ref_model, ref_path.parent, cand_model, cand_path, provider, options.emulate, tmp, cand_label, progress
         )
         precision = compared.precision
-        results = run_samples(ref_session, compared, samples, ref_session.output_names, progress)
+        cand_runs = run_each(compared, samples, names, progress, "running the candidate")
+        compared.release()
+        results = pair_runs(ref_runs, cand_runs, names)
+        del ref_runs, cand_runs
         localized = None
         trace: list[dict[str, Any]] | None = None
         if options.localize:
@@ -165,7 +174,7 @@ def verify(
         reference=str(ref_path),
         candidate=cand_label,
         provider=provider,
-        providers_used=ref_session.session.get_providers(),
+        providers_used=providers_used,
         emulated=compared.emulated,
         emulation_reason=compared.reason,
         candidate_loaded=compared.loaded,

@@ -95,16 +95,26 @@ def localize(
     ref_names = float_values(ref_model)
     cand_names = {o for node in compared.model.graph.node for o in node.output}
     shared = [n for n in ref_names if n in cand_names]
-    # One session at a time: the reference's intermediates are kept, its session released.
+    # One session and one run's intermediates at a time: the reference's go to scratch files
+    # and its session is released before the candidate's opens; each is read back (mapped)
+    # only while its tensor is compared.
     ref_session = tmp.session(expose_outputs(ref_model, shared), ref_dir, provider, "reference")
     ref_values = ref_session.run(feeds, shared)
     del ref_session
+    stored: dict[str, Path] = {}
+    for n in shared:
+        stored[n] = tmp.file("intermediate.npy")
+        np.save(stored[n], np.asarray(ref_values.pop(n)))
+    del ref_values
     cand_session = tmp.session(expose_outputs(compared.model, shared), compared.base_dir, provider, "candidate")
     cand_values = cand_session.run(round_feeds(feeds, compared.feed_low), shared)
     del cand_session
     max_finite = PRECISIONS[compared.precision].max_finite if compared.precision is not Precision.F32 else np.inf
-    errors = {n: tensor_errors(ref_values[n], cand_values[n], max_finite) for n in shared}
-    del ref_values, cand_values
+    errors = {}
+    for n in shared:
+        errors[n] = tensor_errors(np.load(stored[n], mmap_mode="r"), cand_values.pop(n), max_finite)
+        stored[n].unlink()
+    del cand_values
     if trace is not None:
         for index, node in enumerate(ref_model.graph.node):
             for out in node.output:
