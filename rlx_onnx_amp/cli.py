@@ -12,15 +12,19 @@ paths it reads before work starts, and all outputs are committed together at the
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import json
 import logging
 import math
+import multiprocessing
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +37,11 @@ from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.errors import AmpError, InputError, Terminated, first_line, raise_terminated
 from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
 from rlx_onnx_amp.inspect import inspect_model
+from rlx_onnx_amp.merge import merge_reports, merged_markdown
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
-from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, resolve_provider, verify
+from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, compare, resolve_provider, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
@@ -64,9 +69,10 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
     sys.exit(code)
 
 
-def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
+def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool = False) -> None:
     """Run a command: user errors become one line and their exit code; anything else is a bug
-    (traceback, exit 70) unless an input model fails onnx.checker, which is bad input."""
+    (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
+    the models of a batch are committed one by one, so an interrupt says so."""
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
@@ -74,9 +80,9 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
     except AmpError as e:
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        _fail(f"interrupted; {_what_was_written()}", EXIT_SIGINT)
+        _fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
     except Terminated:
-        _fail(f"terminated; {_what_was_written()}", EXIT_SIGTERM)
+        _fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
     except Exception as e:
         invalid = _invalid_input(inputs)
         if invalid is not None:
@@ -92,7 +98,14 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = ()) -> None:
     sys.exit(code)
 
 
-def _what_was_written() -> str:
+def _what_was_written(batch: bool = False) -> str:
+    if batch:
+        reports = (
+            "the batch reports were being moved into place: they are complete"
+            if signal_held_during_commit()
+            else "no batch report written"
+        )
+        return f"the models converted before it are written whole, the others not at all; {reports}"
     if signal_held_during_commit():
         return "the signal came while the outputs were being moved into place: they are complete and written"
     return "nothing written"
@@ -298,6 +311,7 @@ def main() -> None:
     rlx-amp MODEL --policy auto-mixed -o OUT.onnx      convert (the default command)
     rlx-amp inspect MODEL [--policy P]                 what each kind and op would get
     rlx-amp verify REFERENCE CANDIDATE                 measure output drift
+    rlx-amp merge-reports SHARD.json...                one summary from several runs' JSON reports
     rlx-amp demo [PATH]                                write the bundled demo model
     """
 
@@ -342,6 +356,14 @@ def main() -> None:
 @click.option(
     "--repair-budget", default=DEFAULT_BUDGET, show_default=True, help="Most candidate evaluations --repair may use."
 )
+@click.option(
+    "--jobs",
+    "-j",
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Convert (and verify) the models of a batch in N worker processes; 0: one per CPU.",
+)
 @_verify_options
 @click.option("--quiet", "-q", is_flag=True, help="No table, no progress.")
 @click.option("-v", "--verbose", count=True, help="Log what the rewrite does (-vv for debug).")
@@ -363,6 +385,7 @@ def convert_cmd(
     do_verify: bool,
     do_repair: bool,
     repair_budget: int,
+    jobs: int,
     quiet: bool,
     verbose: int,
     **verify_kwargs: Any,
@@ -391,19 +414,17 @@ def convert_cmd(
         paths.check()
         job = _ConvertJob(resolved, options, verify_options, do_repair, repair_budget, data_name, quiet, verbose, paths)
         batch = len(models) > 1
+        if jobs < 0:
+            raise InputError("--jobs must be 0 (one per CPU) or more")
+        workers = min(jobs or os.cpu_count() or 1, len(models))
         with OutputSet(paths.protected()) as outputs:
-            for src, dst in zip(models, targets):
-                if not batch:  # one model: model and reports are committed together
-                    job.convert(src, dst, outputs)
-                    continue
-                try:  # several: each model is committed on its own, a failure is reported and the rest go on
-                    with OutputSet(paths.protected()) as own:
-                        job.convert(src, dst, own)
-                        own.commit()
-                except AmpError as e:
-                    job.fail(src, str(e), e.exit_code)
-                except Exception as e:
-                    job.crash(src, e)
+            if not batch:  # one model: model and reports are committed together
+                job.convert(models[0], targets[0], outputs)
+            elif workers > 1:
+                _run_in_workers(job, list(zip(models, targets)), workers)
+            else:
+                for src, dst in zip(models, targets):
+                    job.convert_own(src, dst)
             if report_json:
                 outputs.write_text(report_json, _json_text(job.json(batch)))
             if report_md:
@@ -414,7 +435,7 @@ def convert_cmd(
         job.summary(batch)
         return job.exit_code()
 
-    _run_guarded(run, models)
+    _run_guarded(run, models, batch=len(models) > 1)
 
 
 #: Options that only mean something with --verify or --repair (parameter name -> flag).
@@ -528,6 +549,17 @@ class _ConvertJob:
             self._show(result)
         self.reports.append(report)
 
+    def convert_own(self, src: str, dst: str) -> None:
+        """One model of a batch: committed on its own; a failure is reported and the rest go on."""
+        try:
+            with OutputSet(self.paths.protected()) as own:
+                self.convert(src, dst, own)
+                own.commit()
+        except AmpError as e:
+            self.fail(src, str(e), e.exit_code)
+        except Exception as e:
+            self.crash(src, e)
+
     def _show(self, result: VerifyReport) -> None:
         if not self.quiet:
             click.echo(render.verify_table(result, verbose=self.verbose > 0))
@@ -602,6 +634,68 @@ class _ConvertJob:
         if bad or not self.quiet:
             word = "passed" if self.verify_options is not None else "converted"
             click.echo(f"{total - len(bad)} of {total} models {word}" + (f"; failed: {', '.join(bad)}" if bad else ""))
+
+
+@dataclass
+class _Outcome:
+    """What a worker's model came to: the job's new entries and what it printed."""
+
+    reports: list[ConversionReport]
+    verified: list[tuple[ConversionReport, VerifyReport]]
+    failed: list[tuple[str, str, int]]
+    stdout: str
+    stderr: str
+
+
+#: How batch workers start: forked where the platform can (instantly, with everything imported;
+#: the parent has opened no onnxruntime session yet, so no thread pool is copied mid-flight),
+#: spawned elsewhere.
+_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _worker_start(threads: int) -> None:
+    """A worker: SIGTERM unwinds (staging cleaned, a commit finished first); SIGINT is left to
+    the parent, which stops every worker with SIGTERM; onnxruntime shares the CPUs."""
+    signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    compare.SESSION_THREADS = threads
+
+
+def _worker_convert(task: tuple[_ConvertJob, str, str]) -> _Outcome:
+    job, src, dst = task
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            job.convert_own(src, dst)
+    except Terminated:  # the parent stops the batch; staging and scratch are already removed
+        os._exit(EXIT_SIGTERM)
+    return _Outcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
+
+
+def _run_in_workers(job: _ConvertJob, pairs: list[tuple[str, str]], workers: int) -> None:
+    """The batch in `workers` processes: each model converted, verified and committed by a
+    worker exactly as `convert_own` does it alone; the parent prints what each printed and
+    gathers its reports in input order, so reports and exit code are those of --jobs 1.
+    Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a commit)."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context(_START_METHOD)
+    pool = context.Pool(workers, initializer=_worker_start, initargs=(threads,))
+    try:
+        for outcome in pool.imap(_worker_convert, [(job, src, dst) for src, dst in pairs]):
+            click.echo(outcome.stdout, nl=False)
+            click.echo(outcome.stderr, nl=False, err=True)
+            verified = {id(report): result for report, result in outcome.verified}
+            for report in outcome.reports:  # pickling made new objects: keep report and result paired
+                job.reports.append(report)
+                if id(report) in verified:
+                    job.verified.append((report, verified[id(report)]))
+            job.failed.extend(outcome.failed)
+        pool.close()
+    except BaseException:
+        pool.terminate()  # SIGTERM to every worker
+        raise
+    finally:
+        pool.join()
 
 
 def _warn(message: str) -> None:
@@ -739,6 +833,36 @@ def verify_cmd(
         return EXIT_OK if result.passed else EXIT_DRIFT
 
     _run_guarded(run, (reference, candidate))
+
+
+@main.command("merge-reports")
+@click.argument("reports", nargs=-1, required=True, metavar="REPORT.json...")
+@click.option("--report-json", metavar="PATH", help="Write the merged batch report as JSON.")
+@click.option("--report-md", metavar="PATH", help="Write the merged summary as Markdown (default: print it).")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing; the exit code still says how the shards ended.")
+def merge_reports_cmd(reports: Sequence[str], report_json: str | None, report_md: str | None, quiet: bool) -> None:
+    """Merge the JSON reports of several runs (CI shards) into one summary; exit with the worst code."""
+
+    def run() -> int:
+        paths = RunPaths()
+        for path in reports:
+            paths.read(path, "report")
+        _plan_reports(paths, report_json, report_md, None)
+        paths.check()
+        merged = merge_reports(reports)
+        markdown = merged_markdown(merged)
+        with OutputSet(paths.protected()) as outputs:
+            if report_json:
+                outputs.write_text(report_json, _json_text(merged))
+            if report_md:
+                outputs.write_text(report_md, markdown)
+            outputs.commit()
+        if not quiet and not report_md:
+            click.echo(markdown, nl=False)
+        exit_code: int = merged["exit_code"]
+        return exit_code
+
+    _run_guarded(run)
 
 
 @main.command("demo")

@@ -1,0 +1,154 @@
+"""`--jobs N`: a batch converted and verified in worker processes gives the reports, order,
+output and exit code of `--jobs 1`; Ctrl-C (or SIGTERM) stops every worker and leaves no
+partial output, no staging and no scratch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, mlp_external, write_external
+from tests.helpers import rlx
+
+
+def _batch(root: Path) -> list[str]:
+    names = []
+    for name, build in [*list(HEALTHY.items())[:3], *list(BROKEN_IN_F16.items())[:2]]:
+        onnx.save(build().model, str(root / f"{name}.onnx"))
+        names.append(f"{name}.onnx")
+    (root / "broken.onnx").write_bytes(b"\x08\x07 not a model")
+    return [*names[:2], "broken.onnx", *names[2:]]
+
+
+def _same(text: str, out_dir: str) -> str:
+    return text.replace(f"{out_dir}/", "OUT/")
+
+
+def test_jobs_gives_the_reports_order_and_exit_code_of_one_job(tmp_path: Path) -> None:
+    models = _batch(tmp_path)
+    runs = {}
+    for jobs in (1, 2, 3):
+        out = f"out{jobs}"
+        (tmp_path / out).mkdir()
+        result = rlx(*models, "--policy", "always-f16", "--out-dir", out, "--verify", "--provider", "cpu",
+                     "--report-json", f"r{jobs}.json", "--report-md", f"r{jobs}.md", "--jobs", str(jobs), cwd=tmp_path)
+        runs[jobs] = (
+            result.returncode,
+            _same(result.stdout, out),
+            _same(result.stderr, out),
+            _same((tmp_path / f"r{jobs}.json").read_text(), out),
+            _same((tmp_path / f"r{jobs}.md").read_text(), out),
+            sorted(p.name for p in (tmp_path / out).iterdir()),
+        )
+    assert runs[1][0] == 2  # the unreadable model: the worst exit code of the batch
+    assert runs[2] == runs[1] and runs[3] == runs[1]
+    report = json.loads((tmp_path / "r2.json").read_text())
+    assert [Path(m["model"]).name for m in report["models"]] == [m for m in models if m != "broken.onnx"]
+    assert [f["model"] for f in report["failed"]] == ["broken.onnx"]
+
+
+def test_jobs_zero_is_one_per_cpu_and_negative_is_refused(tmp_path: Path) -> None:
+    models = _batch(tmp_path)[:2]
+    (tmp_path / "out").mkdir()
+    assert rlx(*models, "--out-dir", "out", "--jobs", "0", "-q", cwd=tmp_path).returncode == 0
+    refused = rlx(*models, "--out-dir", "out", "--jobs", "-1", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip() == "rlx-amp: error: --jobs must be 0 (one per CPU) or more"
+
+
+def _children(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc)."""
+    found, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid == parent and int(entry.name) not in found:
+                    found.add(int(entry.name))
+                    frontier.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the worker processes")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path, signum: int) -> None:
+    inp, out, tmp = tmp_path / "in", tmp_path / "out", tmp_path / "tmp"
+    for d in (inp, out, tmp):
+        d.mkdir()
+    models = []
+    for k in range(4):  # 2 x 64 MiB of weights each: converting and verifying takes seconds
+        path = inp / f"long{k}.onnx"
+        write_external(mlp_external(width=4096), path)
+        models.append(path)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlx_onnx_amp", *map(str, models), "--policy", "always-f16", "--out-dir", str(out),
+         "--verify", "--provider", "cpu", "--jobs", "2", "--report-json", str(out / "r.json")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:  # the workers are up
+        time.sleep(0.1)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2, "the workers never started"
+    time.sleep(1.5)  # inside the first conversions
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 130 if signum == signal.SIGINT else 143), (proc.returncode, stderr)
+    assert "Traceback" not in stderr, stderr
+    time.sleep(0.5)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the batch"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "staging left in the output directory"
+    assert [p.name for p in tmp.iterdir() if p.name != ".ses"] == [], "scratch left in TMPDIR"
+    if proc.returncode != 0:
+        assert stderr.strip().splitlines()[-1].endswith(
+            "the models converted before it are written whole, the others not at all; no batch report written"
+        ), stderr
+        assert not (out / "r.json").exists()  # the batch report is written only when the batch ends
+    for model in out.glob("*.onnx"):  # each model a worker committed is whole: it loads and runs
+        onnx.checker.check_model(str(model), full_check=True)
+
+
+def test_shards_merged_equal_one_batch(tmp_path: Path) -> None:
+    """README's CI recipe, run locally: the batch split into two shards (each its own run and
+    JSON report), merged, gives the models, failures and exit code of one run over the whole
+    batch; the Markdown summary names every model."""
+    models = _batch(tmp_path)
+    (tmp_path / "all").mkdir()
+    whole = rlx(*models, "--policy", "always-f16", "--out-dir", "all", "--verify", "--provider", "cpu",
+                "--report-json", "all.json", "-q", cwd=tmp_path)
+    shards = [models[0::2], models[1::2]]
+    for k, shard in enumerate(shards):
+        (tmp_path / f"s{k}").mkdir()
+        args = [*shard, "--policy", "always-f16", "--out-dir", f"s{k}", "--verify", "--provider", "cpu",
+                "--report-json", f"shard{k}.json", "-q"]
+        rlx(*(args if len(shard) > 1 else [*args[:1], "-o", f"s{k}/{shard[0]}", *args[3:]]), cwd=tmp_path)
+    merged = rlx("merge-reports", "shard0.json", "shard1.json", "--report-json", "merged.json", "--report-md",
+                 "merged.md", cwd=tmp_path)
+    assert merged.returncode == whole.returncode == 2, merged.stderr  # the unreadable model decides
+    one = json.loads((tmp_path / "all.json").read_text())
+    got = json.loads((tmp_path / "merged.json").read_text())
+    assert got["shards"] == ["shard0.json", "shard1.json"] and got["exit_code"] == one["exit_code"]
+    name = lambda m: Path(m["model"]).name  # noqa: E731
+    assert sorted(map(name, got["models"])) == sorted(map(name, one["models"]))
+    assert [f["model"] for f in got["failed"]] == [f["model"] for f in one["failed"]] == ["broken.onnx"]
+    by_model = {name(m): m["verify"]["passed"] for m in one["models"]}
+    assert {name(m): m["verify"]["passed"] for m in got["models"]} == by_model
+    md = (tmp_path / "merged.md").read_text()
+    assert md.startswith("# rlx-amp drift report: ❌ failed") and "**ERROR** (exit 2)" in md
+    assert all(m in md for m in models)
+    printed = rlx("merge-reports", "shard0.json", cwd=tmp_path)  # no --report-md: the summary is printed
+    assert printed.stdout.startswith("# rlx-amp drift report") and printed.returncode in (0, 1, 2)
+    bad = rlx("merge-reports", "missing.json", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip() == "rlx-amp: error: missing.json: no such file"
