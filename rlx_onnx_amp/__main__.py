@@ -16,6 +16,10 @@ from rlx_onnx_amp.errors import Terminated, raise_terminated
 from rlx_onnx_amp.files import signals_deferred
 
 EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
+NO_ONNXRUNTIME = (
+    "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
+    "and its CUDA provider)"
+)
 
 
 def _stop(message: str, code: int) -> None:
@@ -29,7 +33,12 @@ def main(argv: list[str] | None = None) -> None:
         with signals_deferred():
             import click
 
-            from rlx_onnx_amp.cli import main as command
+            try:
+                from rlx_onnx_amp.cli import main as command
+            except ModuleNotFoundError as e:
+                if e.name != "onnxruntime":
+                    raise
+                _stop(NO_ONNXRUNTIME, EXIT_USAGE)
 
         try:
             command.main(args=argv, prog_name="rlx-amp", standalone_mode=False)

@@ -277,3 +277,37 @@ def test_no_module_shares_a_public_function_name() -> None:
     importlib.import_module("rlx_onnx_amp.verification.compare")  # importing submodules changes nothing
     importlib.import_module("rlx_onnx_amp.rewrite")
     assert callable(rlx_onnx_amp.convert) and callable(rlx_onnx_amp.verify)
+
+
+def test_one_onnxruntime_per_install() -> None:
+    """onnxruntime comes from the [cpu] or [gpu] extra, never from the base dependencies, so a
+    CUDA user gets onnxruntime-gpu alone (the two wheels install the same module)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = [d.split(">")[0].split("=")[0].strip() for d in project["dependencies"]]
+    extras = project["optional-dependencies"]
+    assert not [d for d in base if d.startswith("onnxruntime")]
+    assert [d for d in extras["cpu"] if d.startswith("onnxruntime")] == ["onnxruntime>=1.18"]
+    assert [d for d in extras["gpu"] if d.startswith("onnxruntime")] == ["onnxruntime-gpu>=1.18"]
+
+
+def test_without_onnxruntime_the_command_says_which_extra(tmp_path: Path) -> None:
+    hide = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def hidden(name, *a, **k):\n"
+        "    if name.split('.')[0] == 'onnxruntime':\n"
+        "        raise ModuleNotFoundError(\"No module named 'onnxruntime'\", name='onnxruntime')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = hidden\n"
+        "from rlx_onnx_amp.__main__ import main\n"
+        "main(['demo', 'demo.onnx'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        "rlx-amp: error: onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' "
+        "(or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu and its CUDA provider)"
+    )
+    assert not (tmp_path / "demo.onnx").exists()
