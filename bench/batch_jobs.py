@@ -39,7 +39,7 @@ def default_models(workdir: Path) -> list[Path]:
     for k in range(8):
         path = workdir / "models" / f"mlp{k}.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_external(mlp_external(salt=100 + k, width=1536 + 128 * k), path)
+        write_external(mlp_external(salt=100 + k, width=2048 + 128 * k), path)
         paths.append(path)
     return paths
 
