@@ -43,6 +43,11 @@ bench-nodes:
 bench-repair:
 	$(PYTHON) bench/repair_bench.py --external
 
+# On a GPU machine (install steps in the script's docstring): CUDA tests, load, timing and real vs emulated drift.
+.PHONY: gpu-check
+gpu-check:
+	$(PYTHON) bench/gpu_check.py
+
 # Mutation fuzzing of the CLI (figures in README): thousands of seeded mutants of the fixture
 # models, a summary table per exit code and mutation kind, and the mutants that break the contract.
 FUZZ_SEED ?= 1

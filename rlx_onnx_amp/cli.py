@@ -661,41 +661,64 @@ def _worker_start(threads: int) -> None:
     compare.SESSION_THREADS = threads
 
 
-def _worker_convert(task: tuple[_ConvertJob, str, str]) -> _Outcome:
-    job, src, dst = task
+def _worker_convert(task: tuple[int, _ConvertJob, str, str]) -> tuple[int, _Outcome]:
+    index, job, src, dst = task
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             job.convert_own(src, dst)
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         os._exit(EXIT_SIGTERM)
-    return _Outcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
+    return index, _Outcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
+
+
+def _model_bytes(path: str) -> int:
+    """A model's size with the files beside it that its name prefixes (its data): the larger
+    ones are handed out first, so the last worker does not finish alone."""
+    p = Path(path)
+    try:
+        return sum(f.stat().st_size for f in p.parent.iterdir() if f.name.startswith(p.name) and f.is_file())
+    except OSError:
+        return 0
 
 
 def _run_in_workers(job: _ConvertJob, pairs: list[tuple[str, str]], workers: int) -> None:
     """The batch in `workers` processes: each model converted, verified and committed by a
-    worker exactly as `convert_own` does it alone; the parent prints what each printed and
-    gathers its reports in input order, so reports and exit code are those of --jobs 1.
-    Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a commit)."""
+    worker exactly as `convert_own` does it alone, the largest first; the parent prints what
+    each printed and gathers its reports in input order, so reports and exit code are those of
+    --jobs 1. Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a
+    commit)."""
     threads = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context(_START_METHOD)
+    order = sorted(range(len(pairs)), key=lambda i: -_model_bytes(pairs[i][0]))
+    tasks = [(i, job, *pairs[i]) for i in order]
+    done: dict[int, _Outcome] = {}
+    shown = 0
     pool = context.Pool(workers, initializer=_worker_start, initargs=(threads,))
     try:
-        for outcome in pool.imap(_worker_convert, [(job, src, dst) for src, dst in pairs]):
-            click.echo(outcome.stdout, nl=False)
-            click.echo(outcome.stderr, nl=False, err=True)
-            verified = {id(report): result for report, result in outcome.verified}
-            for report in outcome.reports:  # pickling made new objects: keep report and result paired
-                job.reports.append(report)
-                if id(report) in verified:
-                    job.verified.append((report, verified[id(report)]))
-            job.failed.extend(outcome.failed)
+        for index, outcome in pool.imap_unordered(_worker_convert, tasks):
+            done[index] = outcome
+            while shown in done:  # in input order, as soon as the next one is there
+                _take(job, done.pop(shown))
+                shown += 1
         pool.close()
     except BaseException:
         pool.terminate()  # SIGTERM to every worker
         raise
     finally:
         pool.join()
+
+
+def _take(job: _ConvertJob, outcome: _Outcome) -> None:
+    """A worker's model into the batch: what it printed, then its reports."""
+    click.echo(outcome.stdout, nl=False)
+    click.echo(outcome.stderr, nl=False, err=True)
+    verified = {id(report): result for report, result in outcome.verified}
+    for report in outcome.reports:  # pickling made new objects: keep report and result paired
+        job.reports.append(report)
+        if id(report) in verified:
+            job.verified.append((report, verified[id(report)]))
+    job.failed.extend(outcome.failed)
 
 
 def _warn(message: str) -> None:
