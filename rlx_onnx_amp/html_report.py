@@ -26,13 +26,19 @@ from contextlib import contextmanager
 from typing import Any
 
 from rlx_onnx_amp import render
+from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
 
 __all__ = ["html_report"]
 
 #: Colours that read on a light and a dark background alike.
 PASS_COLOUR, FAIL_COLOUR, ACCENT, SECOND = "#2e9e5b", "#d9453b", "#3b7dd8", "#e08a1e"
-PRECISION_COLOURS = {"f32": "#3b7dd8", "f16": "#e08a1e", "bf16": "#9b59b6", "none": "#8a8a8a"}
+PRECISION_COLOURS = {
+    Precision.F32.value: "#3b7dd8",
+    Precision.F16.value: "#e08a1e",
+    Precision.BF16.value: "#9b59b6",
+    "none": "#8a8a8a",
+}
 #: matplotlib draws text, ticks and spines in this colour; the SVG gets `currentColor` instead.
 _INK = "#010203"
 _GRID = "#040506"

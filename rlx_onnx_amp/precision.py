@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
-__all__ = ["FLOAT_TYPES", "PRECISIONS", "Precision", "PrecisionInfo", "precision_of_elem_type"]
+__all__ = ["FLOAT_TYPES", "LOW_PRECISIONS", "PRECISIONS", "Precision", "PrecisionInfo", "precision_of_elem_type"]
 
 
 class Precision(str, enum.Enum):
@@ -48,6 +48,8 @@ class PrecisionInfo:
     smallest_subnormal: float
     smallest_normal: float  # below it values lose precision, and below half the smallest subnormal they flush to zero
     unit_roundoff: float  # half the machine epsilon: the largest relative error of rounding a normal number
+    bits: np.dtype  # the unsigned integer type of the same width: its bit patterns
+    magnitude_mask: int  # every bit but the sign: bits & mask == 0 exactly for +0 and -0
     # Default drift tolerances for a candidate computed at this precision (see README).
     atol: float
     rtol_of_max: float  # times max|reference| (see verify.metrics)
@@ -65,6 +67,8 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         float(np.finfo(np.float32).smallest_subnormal),
         float(np.finfo(np.float32).smallest_normal),
         float(np.finfo(np.float32).eps) / 2,
+        np.dtype(np.uint32),
+        0x7FFF_FFFF,
         atol=1e-4,
         rtol_of_max=1e-4,
         min_cosine=0.99999,
@@ -79,6 +83,8 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         float(np.finfo(np.float16).smallest_subnormal),
         float(np.finfo(np.float16).smallest_normal),
         float(np.finfo(np.float16).eps) / 2,
+        np.dtype(np.uint16),
+        0x7FFF,
         atol=1e-2,
         rtol_of_max=1e-2,
         min_cosine=0.999,
@@ -93,11 +99,16 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_normal),
         float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2,
+        np.dtype(np.uint16),
+        0x7FFF,
         atol=5e-2,
         rtol_of_max=5e-2,
         min_cosine=0.995,
     ),
 }
+
+#: The precisions below f32, by name ("f16", "bf16"): what reports count as low.
+LOW_PRECISIONS = frozenset(p.value for p in PRECISIONS if p is not Precision.F32)
 
 #: Element types the converter may retype. Everything else (integers, bool, strings, double,
 #: packed and fp8 types) is never touched.

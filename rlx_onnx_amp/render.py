@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.verification.metrics import OutputDrift
 
@@ -23,7 +24,7 @@ __all__ = [
     "verify_table",
 ]
 
-PRECISION_COLUMNS = ("f32", "f16", "bf16", "none")
+PRECISION_COLUMNS = (*(p.value for p in Precision), "none")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

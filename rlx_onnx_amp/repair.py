@@ -47,7 +47,7 @@ from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversi
 from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, PrecisionInfo
+from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, kind_of
@@ -645,7 +645,7 @@ def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | N
         for _ in range(n)
         if kind_of(*_split(op)) is OpKind.COMPUTE
     ]
-    compute_share = sum(1 for p in compute if p in ("f16", "bf16")) / len(compute) if compute else None
+    compute_share = sum(1 for p in compute if p in LOW_PRECISIONS) / len(compute) if compute else None
     float_bytes = sum(tensor_nbytes(t) for t in model.graph.initializer if t.data_type in FLOAT_TYPES)
     saved = report.initializer_bytes_before - report.initializer_bytes_after
     if not float_bytes:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlx_onnx_amp.cost import Cost
+from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import OpKind
 
 __all__ = ["ConversionReport", "KeptNode"]
@@ -31,7 +32,7 @@ class ConversionReport:
     policy: Any = None  # rlx_onnx_amp.policy.Policy
     target: str = ""  # the execution provider the model was converted for ("cuda", "cpu")
     nodes_total: int = 0
-    by_precision: dict[str, int] = field(default_factory=lambda: {"f32": 0, "f16": 0, "bf16": 0, "none": 0})
+    by_precision: dict[str, int] = field(default_factory=lambda: {**{p.value: 0 for p in Precision}, "none": 0})
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     by_op: dict[str, dict[str, int]] = field(default_factory=dict)
     casts_inserted: int = 0

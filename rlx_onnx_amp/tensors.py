@@ -108,9 +108,9 @@ def _narrow_segments(
             flat = src.reshape(-1)
     out = src.astype(info.np_dtype)
     # Values that became zero: narrowing keeps zeros and NaN, so the non-zero counts differ
-    # exactly by the flushed values. (Counted on the 16-bit patterns without the sign bit:
-    # numpy counts float16 slowly, and -0 is a zero either way.)
-    out_nonzero = out.reshape(-1).view(np.uint16) & 0x7FFF
+    # exactly by the flushed values. (Counted on the bit patterns without the sign bit: numpy
+    # counts float16 slowly, and -0 is a zero either way.)
+    out_nonzero = out.reshape(-1).view(info.bits) & info.magnitude_mask
     if starts is None:
         stats[0].flushed = int(np.count_nonzero(flat)) - int(np.count_nonzero(out_nonzero))
     else:

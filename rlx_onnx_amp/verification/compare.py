@@ -136,9 +136,14 @@ def _map_file(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 
+#: onnxruntime's input type string -> the numpy dtype a feed needs (f16 inputs kept as f16).
+_FEED_DTYPES = {info.type_str: info.np_dtype for info in PRECISIONS.values() if info.np_dtype.kind == "f"}
+
+
 def _as_input_type(value: np.ndarray, ort_type: str) -> np.ndarray:
-    if ort_type == "tensor(float16)" and value.dtype != np.float16:
-        return value.astype(np.float16)
+    dtype = _FEED_DTYPES.get(ort_type)
+    if dtype is not None and dtype != np.float32 and value.dtype != dtype:
+        return value.astype(dtype)
     if ort_type == "tensor(float)" and value.dtype != np.float32 and value.dtype.kind == "f":
         return value.astype(np.float32)
     return value

@@ -1,0 +1,65 @@
+"""The package's shape: no module imports another module's private names, and no import cycle
+among the package's modules (imports at module level; those inside functions are lazy on
+purpose: the HTML report's matplotlib, the CLI's batch workers)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rlx_onnx_amp"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offenders = []
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlx_onnx_amp"):
+                offenders += [f"{name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in {"render", "compare", "cli", "api", "repair", "cost"}:
+                    offenders.append(f"{name}: {owner.id}.{node.attr}")
+    assert offenders == []
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, tree in modules.items():
+        deps = set()
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlx_onnx_amp"):
+                assert node.module is not None
+                deps.add(node.module)
+                deps |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("rlx_onnx_amp")}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep):], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    # A package's __init__ re-exporting its submodules, which import siblings, is not a cycle
+    # of ours unless a submodule imports the package __init__ back.
+    assert cycles == [], cycles
