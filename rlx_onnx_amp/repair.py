@@ -76,6 +76,7 @@ __all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key",
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 24
+_FLOAT = onnx.TensorProto.FLOAT
 
 #: Inputs at which a zero is singular: a value that flushes to zero there becomes Inf or NaN.
 ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
@@ -312,19 +313,28 @@ def _expose_body_values(
     their bodies as extra outputs; (main-graph output name, body scope, value name) for each."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    counter = iter(range(1 << 30))
+    return out, _BodySurfacer(types).surface(out.graph, "")
 
-    def fresh() -> str:
-        return f"__rlx_screen_{next(counter)}"
 
-    def add_output(body: onnx.GraphProto, value: str) -> None:
+class _BodySurfacer:
+    """Adds body values as outputs of their control-flow nodes, level by level (see
+    `_expose_body_values`)."""
+
+    def __init__(self, types: Mapping[str, Mapping[str, int]]) -> None:
+        self.types = types
+        self.counter = iter(range(1 << 30))
+
+    def fresh(self) -> str:
+        return f"__rlx_screen_{next(self.counter)}"
+
+    def add_output(self, body: onnx.GraphProto, value: str) -> None:
         if value in {o.name for o in body.output}:  # a graph output already: a copy under a new name
-            copy = fresh()
+            copy = self.fresh()
             body.node.append(helper.make_node("Identity", [value], [copy]))
             value = copy
         body.output.append(helper.make_tensor_value_info(value, onnx.TensorProto.FLOAT, None))
 
-    def surface(graph: onnx.GraphProto, scope: str) -> list[tuple[str, str, str]]:
+    def surface(self, graph: onnx.GraphProto, scope: str) -> list[tuple[str, str, str]]:
         """Values of the bodies below `graph` that are now outputs of its nodes."""
         found: list[tuple[str, str, str]] = []
         for i, node in enumerate(graph.node):
@@ -334,52 +344,44 @@ def _expose_body_values(
             per_body = []
             for key, body in bodies:
                 bscope = f"{scope}{i}/{key}/"
-                own = [
-                    o
-                    for n in body.node
-                    for o in n.output
-                    if o and types.get(bscope, {}).get(o) == onnx.TensorProto.FLOAT
-                ]
-                items = [(value, bscope, value) for value in own] + surface(body, bscope)
-                per_body.append((body, items))
-            if node.op_type == "If":
-                # Both branches give every item; the branch not taken gives an empty tensor.
-                all_items = [item for _, items in per_body for item in items]
-                for body, items in per_body:
-                    mine = {id(item) for item in items}
-                    for item in all_items:
-                        if id(item) in mine:
-                            add_output(body, item[0])
-                        else:
-                            empty = fresh()
-                            body.node.append(
-                                helper.make_node(
-                                    "Constant",
-                                    [],
-                                    [empty],
-                                    value=helper.make_tensor(empty, onnx.TensorProto.FLOAT, [0], []),
-                                )
-                            )
-                            body.output.append(helper.make_tensor_value_info(empty, onnx.TensorProto.FLOAT, None))
-                for item in all_items:
-                    name = fresh()
-                    node.output.append(name)
-                    found.append((name, item[1], item[2]))
-            else:
-                ((body, items),) = per_body
-                for item in items:
-                    add_output(body, item[0])
-                    name = fresh()
-                    node.output.append(name)
-                    found.append((name, item[1], item[2]))
-                if node.op_type == "Scan" and items:
-                    for attr in node.attribute:
-                        if attr.name in ("scan_output_axes", "scan_output_directions"):
-                            attr.ints.extend([0] * len(items))
+                own = [o for n in body.node for o in n.output if o and self.types.get(bscope, {}).get(o) == _FLOAT]
+                per_body.append((body, [(value, bscope, value) for value in own] + self.surface(body, bscope)))
+            items = self._surface_if(per_body) if node.op_type == "If" else self._surface_loop(node, per_body)
+            for item in items:
+                name = self.fresh()
+                node.output.append(name)
+                found.append((name, item[1], item[2]))
         return found
 
-    surfaced = surface(out.graph, "")
-    return out, surfaced
+    def _surface_if(
+        self, per_body: list[tuple[onnx.GraphProto, list[tuple[str, str, str]]]]
+    ) -> list[tuple[str, str, str]]:
+        """Both branches give every item; the branch not taken gives an empty tensor."""
+        all_items = [item for _, items in per_body for item in items]
+        for body, items in per_body:
+            mine = {id(item) for item in items}
+            for item in all_items:
+                if id(item) in mine:
+                    self.add_output(body, item[0])
+                    continue
+                empty = self.fresh()
+                value = helper.make_tensor(empty, _FLOAT, [0], [])
+                body.node.append(helper.make_node("Constant", [], [empty], value=value))
+                body.output.append(helper.make_tensor_value_info(empty, _FLOAT, None))
+        return all_items
+
+    def _surface_loop(
+        self, node: onnx.NodeProto, per_body: list[tuple[onnx.GraphProto, list[tuple[str, str, str]]]]
+    ) -> list[tuple[str, str, str]]:
+        """A Loop's or Scan's body values, stacked over iterations as scan outputs."""
+        ((body, items),) = per_body
+        for item in items:
+            self.add_output(body, item[0])
+        if node.op_type == "Scan" and items:
+            for attr in node.attribute:
+                if attr.name in ("scan_output_axes", "scan_output_directions"):
+                    attr.ints.extend([0] * len(items))
+        return items
 
 
 class _Evaluator:

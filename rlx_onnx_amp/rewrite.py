@@ -37,7 +37,7 @@ import functools
 import gc
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -298,45 +298,21 @@ class _Converter:
         """
         nodes = scope.graph.node
         op_types = [n.op_type for n in nodes]  # one read of a field every node needs
-        present = set(op_types)
-        scope.quantized_inputs = (
-            {n.input[0] for n in nodes if n.op_type in QDQ_CONSUMERS and n.input} if present & QDQ_CONSUMERS else set()
-        )
-        scope.has_qdq = (
-            bool(scope.quantized_inputs)
-            or (scope.parent is not None and scope.parent.has_qdq)
-            or bool(present & QDQ_PRODUCERS)
-        )
-        used_names, defined, producer, storage, tracked = (
-            self.used_names,
-            scope.defined,
-            scope.producer,
-            scope.storage,
-            scope.tracked,
-        )
+        self._scan_qdq(scope, nodes, op_types)
         orig, templates, prefix = scope.orig, self._templates, scope.path
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         # Templates: nodes whose op, input types and type attribute repeat get the same output
         # types and decision; most nodes of a large graph repeat a few dozen of them.
         templated = not scope.has_qdq
-        user_keeps = self.user_keeps
-        nested = scope.parent is not None
         for i, node in enumerate(nodes):
             op = op_types[i]
             domain = node.domain
             ins, outs = node.input[:], node.output[:]  # a slice copies to a list twice as fast as list()
             path = f"{prefix}{i}"
-            children: list[_Scope] = []
-            if op in GRAPH_OPS or domain not in DEFAULT_DOMAINS:
-                for attr_key, sub in subgraphs(node):
-                    if types is None:
-                        raise _Untyped(f"{op} holds a graph")
-                    child_path = f"{path}/{attr_key}/"
-                    child = _Scope(sub, child_path, scope, types.get(child_path, {}))
-                    self._collect_names(sub)
-                    children.append(child)
-                if children:
-                    scope.children[i] = children
+            holds_body = op in GRAPH_OPS or domain not in DEFAULT_DOMAINS
+            children = self._bodies(scope, node, path, types) if holds_body else []
+            if children:
+                scope.children[i] = children
             key_types = (
                 tuple(map(orig_type, ins)) if "" not in ins else tuple([orig_type(n) if n else _OMITTED for n in ins])
             )
@@ -345,34 +321,7 @@ class _Converter:
             template = templates.get(key) if templated and not children else None
             decision = None
             if template is not None:
-                out_elems, kind, precision, input_types, output_types, reason, source, keepable = template
-                for name, elem in zip(outs, out_elems):
-                    if name:
-                        have = orig.get(name)
-                        if have is None:
-                            orig[name] = elem  # type: ignore[assignment]  # templates type every named output
-                        elif have != elem:  # a declared type the template does not give: decide alone
-                            break
-                else:
-                    if source:  # store_scope settles a source's precision on its own copy
-                        input_types, output_types = dict(input_types), dict(output_types)
-                    decision = NodeDecision(
-                        path,
-                        node,
-                        kind,
-                        op,
-                        domain,
-                        ins,
-                        outs,
-                        precision,
-                        input_types,
-                        output_types,
-                        reason,
-                        source,
-                        keepable,
-                    )
-                    if keepable and user_keeps:
-                        self._apply_user_keep(decision)
+                decision = self._from_template(template, path, node, op, domain, ins, outs, orig)
             if decision is None:
                 decision = self._decide(
                     node,
@@ -393,38 +342,106 @@ class _Converter:
                 self.decide_scope(child, types)
                 for out in child.graph.output:  # bodies hand back their original types
                     self._want(child, out.name, child.orig_type(out.name))
-            used_names.update(outs)
-            used_names.add(node.name)
-            output_types, input_types = decision.output_types, decision.input_types
-            for k, name in enumerate(outs):
-                if name:
-                    defined.add(name)
-                    producer[name] = decision
-                    if k in output_types:
-                        storage[name] = output_types[k]
-            if decision.source and outs and outs[0]:
-                tracked.add(outs[0])
-            # Which types consumers read a value at matters only for values whose storage
-            # follows their consumers (initializers, sources; see store_scope).
-            if not nested and tracked.isdisjoint(ins):
-                continue
-            owner: _Scope | None
-            for k, name in enumerate(ins):
-                if name in tracked:
-                    owner = scope
-                elif nested and name and name not in defined:
-                    owner = scope.owner(name)
-                    if owner is None or name not in owner.tracked:
-                        continue
-                else:
-                    continue
-                elem = input_types[k] if k in input_types else orig_type(name)
-                if elem is not None:
-                    owner.wants.setdefault(name, set()).add(elem)
+            self._record(scope, decision, node, ins, outs, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:
                 elem = out.type.tensor_type.elem_type if self.options.keep_io_types else None
                 self._want(scope, out.name, elem)
+
+    def _scan_qdq(self, scope: _Scope, nodes: Sequence[NodeProto], op_types: list[str]) -> None:
+        """Whether the scope (or an enclosing one) holds Q/DQ nodes, and the values QuantizeLinear reads."""
+        present = set(op_types)
+        scope.quantized_inputs = (
+            {n.input[0] for n in nodes if n.op_type in QDQ_CONSUMERS and n.input} if present & QDQ_CONSUMERS else set()
+        )
+        scope.has_qdq = (
+            bool(scope.quantized_inputs)
+            or (scope.parent is not None and scope.parent.has_qdq)
+            or bool(present & QDQ_PRODUCERS)
+        )
+
+    def _bodies(self, scope: _Scope, node: NodeProto, path: str, types: ScopeTypes | None) -> list[_Scope]:
+        """The scopes of the bodies `node` holds (If/Loop/Scan, or a custom op with a graph)."""
+        children = []
+        for attr_key, sub in subgraphs(node):
+            if types is None:
+                raise _Untyped(f"{node.op_type} holds a graph")
+            child_path = f"{path}/{attr_key}/"
+            children.append(_Scope(sub, child_path, scope, types.get(child_path, {})))
+            self._collect_names(sub)
+        return children
+
+    def _from_template(
+        self,
+        template: _Template,
+        path: str,
+        node: NodeProto,
+        op: str,
+        domain: str,
+        ins: list[str],
+        outs: list[str],
+        orig: dict[str, int],
+    ) -> NodeDecision | None:
+        """The template's decision for this node, its outputs typed; None when a declared
+        output type disagrees with the template (the node is then decided alone)."""
+        out_elems, kind, precision, input_types, output_types, reason, source, keepable = template
+        for name, elem in zip(outs, out_elems):
+            if name:
+                have = orig.get(name)
+                if have is None:
+                    orig[name] = elem  # type: ignore[assignment]  # templates type every named output
+                elif have != elem:
+                    return None
+        if source:  # store_scope settles a source's precision on its own copy
+            input_types, output_types = dict(input_types), dict(output_types)
+        decision = NodeDecision(
+            path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, source, keepable
+        )
+        if keepable and self.user_keeps:
+            self._apply_user_keep(decision)
+        return decision
+
+    def _record(
+        self,
+        scope: _Scope,
+        decision: NodeDecision,
+        node: NodeProto,
+        ins: list[str],
+        outs: list[str],
+        orig_type: Callable[[str], int | None],
+    ) -> None:
+        """What the sweep learns from a decided node: its outputs' producer and storage type,
+        and the types it reads the values whose storage follows their consumers at."""
+        self.used_names.update(outs)
+        self.used_names.add(node.name)
+        defined, producer, storage, tracked = scope.defined, scope.producer, scope.storage, scope.tracked
+        output_types, input_types = decision.output_types, decision.input_types
+        for k, name in enumerate(outs):
+            if name:
+                defined.add(name)
+                producer[name] = decision
+                if k in output_types:
+                    storage[name] = output_types[k]
+        if decision.source and outs and outs[0]:
+            tracked.add(outs[0])
+        # Which types consumers read a value at matters only for values whose storage
+        # follows their consumers (initializers, sources; see store_scope).
+        nested = scope.parent is not None
+        if not nested and tracked.isdisjoint(ins):
+            return
+        owner: _Scope | None
+        for k, name in enumerate(ins):
+            if name in tracked:
+                owner = scope
+            elif nested and name and name not in defined:
+                owner = scope.owner(name)
+                if owner is None or name not in owner.tracked:
+                    continue
+            else:
+                continue
+            elem = input_types[k] if k in input_types else orig_type(name)
+            if elem is not None:
+                owner.wants.setdefault(name, set()).add(elem)
 
     def _want(self, scope: _Scope, name: str, elem: int | None) -> None:
         """Record that a consumer reads `name` at `elem` (None: at any type)."""
@@ -750,77 +767,26 @@ class _Converter:
         sort of the node list by these keys then puts them in place (upb sorts the pointers;
         rebuilding the list would copy every node).
         """
-        graph = scope.graph
         is_main = scope.parent is None
         count = len(scope.decisions)
         scope.positions = list(range(1, 3 * count, 3))
-        # Main-graph outputs computed low are renamed at their producer; the Cast back takes
-        # the original name (rule names-kept) and goes right after the producer: a consumer of the
-        # output may follow it.
-        back: dict[str, tuple[str, int]] = {}
-        if is_main:
-            for out in graph.output:
-                want = out.type.tensor_type.elem_type if self.options.keep_io_types else None
-                have = scope.storage_type(out.name)
-                if want and _is_float(have) and have != want and out.name in scope.producer:
-                    precision = precision_of_elem_type(have or 0)
-                    low_name = self.fresh(f"{out.name}__{precision.value if precision else 'low'}")
-                    scope.rename[out.name] = low_name
-                    scope.cast_cache[(out.name, want)] = out.name
-                    back[out.name] = (low_name, want)
-                    self._value_info(scope, low_name, have or 0)
-        defined, rename = scope.defined, scope.rename
+        back = self._rename_low_outputs(scope) if is_main else {}
         orig_type = scope.orig.get if is_main else scope.orig_type
         idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
         for i, d in enumerate(scope.decisions):
-            node = d.node
             if scope.children:
                 for child in scope.children.get(i, ()):
                     self.emit_scope(child)
-            input_types = d.input_types
-            for k, name in enumerate(d.inputs):
-                if not name:
-                    continue
-                want = input_types[k] if k in input_types else orig_type(name)
-                owner = scope if name in defined else scope.owner(name)
-                if owner is not None and want is not None:  # resolve()'s early return, inlined per edge
-                    have = owner.storage.get(name)
-                    if have is None:
-                        have = owner.orig.get(name)
-                    if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
-                        resolved = self.resolve(scope, name, want, 3 * i)  # needs a Cast (or a folded chain)
-                    elif owner.rename:
-                        resolved = owner.rename.get(name, name)
-                    else:
-                        continue
-                else:
-                    resolved = owner.rename.get(name, name) if owner is not None else name
-                if resolved != name:
-                    node.input[k] = resolved
-            if rename:
-                for k, name in enumerate(d.outputs):
-                    if name in rename:
-                        node.output[k] = rename[name]
-                        if name in back:
-                            low_name, want = back[name]
-                            self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, 3 * i + 2)
+            self._rewire_inputs(scope, i, d, orig_type)
+            if scope.rename:
+                self._rename_outputs(scope, i, d, back)
             if d.precision is not None and (d.source or d.op in _ATTRIBUTE_RETYPED_OPS):
                 self._retype_attributes(d, scope)
             if d.op == "Cast" and not d.domain and len(d.inputs) == 1 and d.inputs[0]:
                 self._drop_idle_cast(scope, d, idle)
         if not is_main:
-            for out in graph.output:  # body outputs keep their types; they may be renamed
-                want = scope.orig_type(out.name)
-                resolved = self.resolve(scope, out.name, want, 3 * count)
-                if resolved != out.name:
-                    out.name = resolved
-                    if not out.type.HasField("tensor_type") and want is not None:
-                        out.type.tensor_type.elem_type = want
-        if len(scope.positions) > count:
-            keys = iter(scope.positions)
-            graph.node.sort(key=lambda _: next(keys))  # list.sort computes each key once, in list order
-            if next(keys, None) is not None:
-                raise AssertionError("emit_scope: node sort keys out of step with the node list")
+            self._resolve_body_outputs(scope, count)
+        self._sort_nodes(scope, count)
         if scope.folded:
             idle += self._unread_casts(scope)
         if idle:
@@ -828,6 +794,76 @@ class _Converter:
         self._retype_declarations(scope)
         self._convert_initializers(scope)
         self._run_batches()
+
+    def _rename_low_outputs(self, scope: _Scope) -> dict[str, tuple[str, int]]:
+        """Main-graph outputs computed low are renamed at their producer; the Cast back takes
+        the original name (rule names-kept) and goes right after the producer: a consumer of
+        the output may follow it. Output name -> (its low name, the type it goes back to)."""
+        back: dict[str, tuple[str, int]] = {}
+        for out in scope.graph.output:
+            want = out.type.tensor_type.elem_type if self.options.keep_io_types else None
+            have = scope.storage_type(out.name)
+            if want and _is_float(have) and have != want and out.name in scope.producer:
+                precision = precision_of_elem_type(have or 0)
+                low_name = self.fresh(f"{out.name}__{precision.value if precision else 'low'}")
+                scope.rename[out.name] = low_name
+                scope.cast_cache[(out.name, want)] = out.name
+                back[out.name] = (low_name, want)
+                self._value_info(scope, low_name, have or 0)
+        return back
+
+    def _rewire_inputs(
+        self, scope: _Scope, i: int, d: NodeDecision, orig_type: Callable[[str], int | None]
+    ) -> None:
+        """Point node i's inputs at the names holding them at the types it reads them at."""
+        node, input_types, defined = d.node, d.input_types, scope.defined
+        for k, name in enumerate(d.inputs):
+            if not name:
+                continue
+            want = input_types[k] if k in input_types else orig_type(name)
+            owner = scope if name in defined else scope.owner(name)
+            if owner is not None and want is not None:  # resolve()'s early return, inlined per edge
+                have = owner.storage.get(name)
+                if have is None:
+                    have = owner.orig.get(name)
+                if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
+                    resolved = self.resolve(scope, name, want, 3 * i)  # needs a Cast (or a folded chain)
+                elif owner.rename:
+                    resolved = owner.rename.get(name, name)
+                else:
+                    continue
+            else:
+                resolved = owner.rename.get(name, name) if owner is not None else name
+            if resolved != name:
+                node.input[k] = resolved
+
+    def _rename_outputs(self, scope: _Scope, i: int, d: NodeDecision, back: dict[str, tuple[str, int]]) -> None:
+        """Node i's renamed outputs, and the Cast back to a graph output it computes low."""
+        rename = scope.rename
+        for k, name in enumerate(d.outputs):
+            if name in rename:
+                d.node.output[k] = rename[name]
+                if name in back:
+                    low_name, want = back[name]
+                    self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, 3 * i + 2)
+
+    def _resolve_body_outputs(self, scope: _Scope, count: int) -> None:
+        """Body outputs keep their types; they may be renamed."""
+        for out in scope.graph.output:
+            want = scope.orig_type(out.name)
+            resolved = self.resolve(scope, out.name, want, 3 * count)
+            if resolved != out.name:
+                out.name = resolved
+                if not out.type.HasField("tensor_type") and want is not None:
+                    out.type.tensor_type.elem_type = want
+
+    def _sort_nodes(self, scope: _Scope, count: int) -> None:
+        """Put the appended Casts in place by their sort keys (see emit_scope)."""
+        if len(scope.positions) > count:
+            keys = iter(scope.positions)
+            scope.graph.node.sort(key=lambda _: next(keys))  # list.sort computes each key once, in list order
+            if next(keys, None) is not None:
+                raise AssertionError("emit_scope: node sort keys out of step with the node list")
 
     def _drop_idle_cast(self, scope: _Scope, d: NodeDecision, idle: list[NodeProto]) -> None:
         """Rule idle-cast: an existing Cast whose input now has the type it casts to (an

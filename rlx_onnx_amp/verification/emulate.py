@@ -105,95 +105,130 @@ def emulate(
     values would take, small values (an epsilon that would flush) included. `progress(done,
     total)` counts initializers rounded.
     """
-    low = low_precision_values(candidate)
-    narrowed_reads = _narrowed_reads(candidate, low) if computed else {}
-    saturated = _saturated_sources(candidate, low)
     model = ModelProto()
     model.CopyFrom(reference)
-    source = source or WeightSource(None)
-    sink = sink or WeightSink()
-    used = {n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
-    used |= {t.name for g in all_graphs(model.graph) for t in g.initializer}
-    rounded = 0
-    ref_types = model_types(reference)
-    f32_names = {n for scope in ref_types.values() for n, t in scope.items() if t == _F32}
-
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
-
-    def round_tensor(tensor: TensorProto, elem: int) -> None:
-        precision = precision_of_elem_type(elem)
-        assert precision is not None
-        values = source.read(tensor).astype("float32")
-        if computed:
-            values = narrow(values, precision)[0].astype("float32")
-        else:
-            limit = precision.info.max_finite
-            values = np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype("float32")
-        sink.store(tensor, values, _F32)
-
+    emulation = _Emulation(model, reference, candidate, source or WeightSource(None), sink or WeightSink(), computed)
     # Bodies first: rewriting a graph copies its nodes, bodies included, so a body must be
     # final before the graph that holds it is rewritten.
     graphs = list(reversed(all_graphs(model.graph)))
+    low = emulation.low
     to_round = sum(1 for g in graphs for t in g.initializer if t.data_type == _F32 and t.name in low)
     for graph in graphs:
         for init in graph.initializer:
             if init.data_type == _F32 and init.name in low:
-                round_tensor(init, low[init.name])
-                rounded += 1
+                emulation.round_tensor(init, low[init.name])
                 if progress is not None:
-                    progress(rounded, to_round)
-        new_nodes: list[onnx.NodeProto] = []
-        read_copies: dict[tuple[str, int], str] = {}  # (f32 value, low type) -> its rounded copy
-        for node in graph.node:
-            # An f32 value that the candidate casts down for this node: the node reads it rounded.
-            for k, (value, elem) in narrowed_reads.get(node.output[0] if node.output else "", {}).items():
-                # Only where the reference reads the f32 value itself: an inserted Cast. (A Cast
-                # the model had is in the reference too, and its output is rounded already.)
-                if k >= len(node.input) or node.input[k] != value:
-                    continue
-                if (value, elem) not in read_copies:
-                    mid = fresh(f"{value}__read_low")
-                    back = fresh(f"{value}__read_rounded")
-                    new_nodes.append(helper.make_node("Cast", [value], [mid], name=fresh(f"{mid}__down"), to=elem))
-                    new_nodes.append(helper.make_node("Cast", [mid], [back], name=fresh(f"{back}__up"), to=_F32))
-                    read_copies[(value, elem)] = back
-                    rounded += 1
-                node.input[k] = read_copies[(value, elem)]
-            new_nodes.append(node)
-            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-            if attr_name and node.output and node.output[0] in saturated:
-                # Kept f32 but clamped by the converter for its low consumers: take its value.
-                for attr in node.attribute:
-                    if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
-                        attr.t.CopyFrom(saturated[node.output[0]])
-            if attr_name and node.output and node.output[0] in low:
-                attrs = {a.name: a for a in node.attribute}
-                if (
-                    attr_name in attrs
-                    and attrs[attr_name].type == onnx.AttributeProto.TENSOR
-                    and attrs[attr_name].t.data_type == _F32
-                ):
-                    round_tensor(attrs[attr_name].t, low[node.output[0]])
-                    rounded += 1
-                    continue
-            for k, name in enumerate(node.output if computed else ()):
-                if name in low and name in f32_names:
-                    exact = fresh(f"{name}__exact")
-                    node.output[k] = exact
-                    mid = fresh(f"{name}__rounded")
-                    new_nodes.append(helper.make_node("Cast", [exact], [mid], name=fresh(f"{mid}__down"), to=low[name]))
-                    new_nodes.append(helper.make_node("Cast", [mid], [name], name=fresh(f"{name}__up"), to=_F32))
-                    rounded += 1
-        count = len(graph.node)
-        graph.node.extend(new_nodes)
-        del graph.node[:count]
+                    progress(emulation.rounded, to_round)
+        emulation.rewrite(graph)
     # value_info of renamed values would be stale; shapes are re-inferred by onnxruntime.
     for graph in all_graphs(model.graph):
         graph.ClearField("value_info")
-    return model, rounded
+    return model, emulation.rounded
+
+
+class _Emulation:
+    """The state of one emulation: the candidate's low values, fresh names, rounded counts."""
+
+    def __init__(
+        self,
+        model: ModelProto,
+        reference: ModelProto,
+        candidate: ModelProto,
+        source: WeightSource,
+        sink: WeightSink,
+        computed: bool,
+    ) -> None:
+        self.low = low_precision_values(candidate)
+        self.narrowed_reads = _narrowed_reads(candidate, self.low) if computed else {}
+        self.saturated = _saturated_sources(candidate, self.low)
+        self.source, self.sink, self.computed = source, sink, computed
+        self.used = {n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
+        self.used |= {t.name for g in all_graphs(model.graph) for t in g.initializer}
+        self.f32_names = {n for scope in model_types(reference).values() for n, t in scope.items() if t == _F32}
+        self.rounded = 0
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+    def round_tensor(self, tensor: TensorProto, elem: int) -> None:
+        precision = precision_of_elem_type(elem)
+        assert precision is not None
+        values = self.source.read(tensor).astype("float32")
+        if self.computed:
+            values = narrow(values, precision)[0].astype("float32")
+        else:
+            limit = precision.info.max_finite
+            values = np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype("float32")
+        self.sink.store(tensor, values, _F32)
+        self.rounded += 1
+
+    def rewrite(self, graph: onnx.GraphProto) -> None:
+        """Every node of `graph` with the reads, constants and outputs the candidate rounds."""
+        new_nodes: list[onnx.NodeProto] = []
+        read_copies: dict[tuple[str, int], str] = {}  # (f32 value, low type) -> its rounded copy
+        for node in graph.node:
+            self._narrow_reads(node, new_nodes, read_copies)
+            new_nodes.append(node)
+            if self._round_source(node):
+                continue
+            if self.computed:
+                new_nodes += self._round_outputs(node)
+        count = len(graph.node)
+        graph.node.extend(new_nodes)
+        del graph.node[:count]
+
+    def _narrow_reads(
+        self, node: onnx.NodeProto, new_nodes: list[onnx.NodeProto], read_copies: dict[tuple[str, int], str]
+    ) -> None:
+        """An f32 value that the candidate casts down for this node: the node reads it rounded."""
+        for k, (value, elem) in self.narrowed_reads.get(node.output[0] if node.output else "", {}).items():
+            # Only where the reference reads the f32 value itself: an inserted Cast. (A Cast
+            # the model had is in the reference too, and its output is rounded already.)
+            if k >= len(node.input) or node.input[k] != value:
+                continue
+            if (value, elem) not in read_copies:
+                mid = self.fresh(f"{value}__read_low")
+                back = self.fresh(f"{value}__read_rounded")
+                new_nodes.append(helper.make_node("Cast", [value], [mid], name=self.fresh(f"{mid}__down"), to=elem))
+                new_nodes.append(helper.make_node("Cast", [mid], [back], name=self.fresh(f"{back}__up"), to=_F32))
+                read_copies[(value, elem)] = back
+                self.rounded += 1
+            node.input[k] = read_copies[(value, elem)]
+
+    def _round_source(self, node: onnx.NodeProto) -> bool:
+        """A Constant-like node: the value the candidate holds (clamped, or rounded); True when
+        its value was rounded in place (its output needs no round trip)."""
+        attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if not (attr_name and node.output):
+            return False
+        if node.output[0] in self.saturated:
+            # Kept f32 but clamped by the converter for its low consumers: take its value.
+            for attr in node.attribute:
+                if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
+                    attr.t.CopyFrom(self.saturated[node.output[0]])
+        if node.output[0] in self.low:
+            attrs = {a.name: a for a in node.attribute}
+            value = attrs.get(attr_name)
+            if value is not None and value.type == onnx.AttributeProto.TENSOR and value.t.data_type == _F32:
+                self.round_tensor(value.t, self.low[node.output[0]])
+                return True
+        return False
+
+    def _round_outputs(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """Each f32 output the candidate holds low, through a round trip under its own name."""
+        added = []
+        for k, name in enumerate(node.output):
+            if name in self.low and name in self.f32_names:
+                exact = self.fresh(f"{name}__exact")
+                node.output[k] = exact
+                mid = self.fresh(f"{name}__rounded")
+                down = helper.make_node("Cast", [exact], [mid], name=self.fresh(f"{mid}__down"), to=self.low[name])
+                up = helper.make_node("Cast", [mid], [name], name=self.fresh(f"{name}__up"), to=_F32)
+                added += [down, up]
+                self.rounded += 1
+        return added
