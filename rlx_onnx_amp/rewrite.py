@@ -114,7 +114,7 @@ class ConvertOptions:
     #: Concrete input shapes for the cost model (`--shape`); symbolic axes not named here get
     #: the verifier's defaults.
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    #: Fill `ConversionReport.cost`: one shape inference over the graph (about a second per
+    #: Fill `ConversionReport.cost`: one shape inference over the graph (about 2.5 s per
     #: 100,000 nodes); the CLI turns it off when nothing would show it (-q and no report file).
     cost: bool = True
 
