@@ -9,7 +9,22 @@ from rlx_onnx_amp.cost import Cost
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import OpKind
 
-__all__ = ["ConversionReport", "KeptNode"]
+__all__ = ["REASON_CODES", "ConversionReport", "KeptNode"]
+
+#: Why a node the policy wanted lower keeps its types: stable codes for reports, repair and
+#: tests (the rule of docs/design.md each comes from), whatever the reason's wording.
+REASON_CODES: dict[str, str] = {
+    "user-keep": "kept on request: --keep-f32-op, --keep-f32-node, or a node path (repair's keeps)",
+    "non-tensor": "reads or makes sequence/optional values, which keep their types",
+    "control-flow": "If/Loop/Scan: the interface keeps its types, the bodies are rewritten",
+    "unknown-op": "an op the taxonomy does not know",
+    "cast-unavailable": "the Casts around it cannot be written at the model's default-domain opset",
+    "kernel-gap": "onnxruntime has no kernel for it in low precision with these attributes",
+    "qdq-region": "reads DequantizeLinear or feeds QuantizeLinear: onnxruntime runs it quantized",
+    "no-schema": "no schema for the op at the model's opset",
+    "schema-admits": "a type variable of its schema does not admit the low type",
+    "kernel-table": "the target provider has no kernel for the op in the low type",
+}
 
 
 @dataclass(frozen=True)
@@ -20,9 +35,10 @@ class KeptNode:
     op: str
     reason: str
     path: str
+    code: str | None = None  # REASON_CODES
 
-    def to_json(self) -> dict[str, str]:
-        return {"node": self.node, "op": self.op, "reason": self.reason, "path": self.path}
+    def to_json(self) -> dict[str, str | None]:
+        return {"node": self.node, "op": self.op, "reason": self.reason, "path": self.path, "code": self.code}
 
 
 @dataclass

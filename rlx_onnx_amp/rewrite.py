@@ -137,6 +137,7 @@ class NodeDecision:
     reason: str | None = None  # why it was kept, when the policy wanted it lower
     source: bool = False  # a Constant-like node whose type follows its consumers
     keepable: bool = False  # the policy wants it lower, so a user keep (rule user-keep) applies to it
+    code: str | None = None  # the reason's stable code (`report.REASON_CODES`)
 
     @property
     def label(self) -> str:
@@ -214,6 +215,11 @@ class _Template(NamedTuple):
     reason: str | None
     source: bool
     keepable: bool
+    code: str | None
+
+
+#: What `_lower_groups` finds: inputs and outputs to lower, and (reason, code) when none can be.
+_Lowered = tuple[tuple[int, ...], tuple[int, ...], str | None, str | None]
 
 
 class _Untyped(Exception):
@@ -263,7 +269,7 @@ class _Converter:
         self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self.used_names: set[str] = set()
-        self._group_cache: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], str | None]] = {}
+        self._group_cache: dict[tuple[object, ...], _Lowered] = {}
         self._templates: dict[tuple[object, ...], _Template] = {}
         self._cast_blocks: dict[Precision, str | None] = {}
         self.casts_inserted = 0
@@ -384,7 +390,7 @@ class _Converter:
     ) -> NodeDecision | None:
         """The template's decision for this node, its outputs typed; None when a declared
         output type disagrees with the template (the node is then decided alone)."""
-        out_elems, kind, precision, input_types, output_types, reason, source, keepable = template
+        out_elems, kind, precision, input_types, output_types, reason, source, keepable, code = template
         for name, elem in zip(outs, out_elems):
             if name:
                 have = orig.get(name)
@@ -397,6 +403,7 @@ class _Converter:
         decision = NodeDecision(
             path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, source, keepable
         )
+        decision.code = code
         if keepable and self.user_keeps:
             self._apply_user_keep(decision)
         return decision
@@ -467,7 +474,7 @@ class _Converter:
         user's word comes before kernel, QDQ and schema reasons (rule user-keep)."""
         reason = self._user_keep(d.node, d.path)
         if reason:
-            d.precision, d.reason = None, reason
+            d.precision, d.reason, d.code = None, reason, "user-keep"
             d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
             d.output_types = {}
 
@@ -533,6 +540,7 @@ class _Converter:
                 d.reason,
                 d.source,
                 d.keepable,
+                d.code,
             )
         if d.keepable and self.user_keeps:
             self._apply_user_keep(d)
@@ -564,13 +572,13 @@ class _Converter:
         if op in FIXED_TYPE_OPS:
             return d  # keeps its `to` (rule cast-keeps-to); consumers at another type get a Cast after it
         if NON_TENSOR in in_types or NON_TENSOR in out_types:
-            d.reason = "sequence/optional values keep their types"
+            d.reason, d.code = "sequence/optional values keep their types", "non-tensor"
             return d
         if has_subgraph:
-            d.reason = "control-flow: interface keeps its types, bodies are rewritten"
+            d.reason, d.code = "control-flow: interface keeps its types, bodies are rewritten", "control-flow"
             return d
         if kind is None:
-            d.reason = f"unknown op {node.domain + '.' if node.domain else ''}{node.op_type}"
+            d.reason, d.code = f"unknown op {node.domain + '.' if node.domain else ''}{node.op_type}", "unknown-op"
             return d
         target = self.kind_precision[kind]
         if target is Precision.F32:
@@ -578,25 +586,26 @@ class _Converter:
         d.keepable = True  # the policy wants it lower: from here on a user keep takes precedence
         cast_block = self._cast_block(target)
         if cast_block:
-            d.reason = cast_block
+            d.reason, d.code = cast_block, "cast-unavailable"
             return d
         gap = _kernel_gap(node) if (domain if domain != "ai.onnx" else "", op) in KERNEL_GAPS else None
         if gap:
-            d.reason = f"kernel: {gap}"
+            d.reason, d.code = f"kernel: {gap}", "kernel-gap"
             return d
         if scope.in_qdq_region(d):
             d.reason = "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
+            d.code = "qdq-region"
             return d
         if sig is None:
-            d.reason = f"no schema for {op} at opset {self._opset(domain)}"
+            d.reason, d.code = f"no schema for {op} at opset {self._opset(domain)}", "no-schema"
             return d
         lowered = self._lower_groups(node, sig, tuple(in_types), tuple(out_types), tuple(d.input_types), target)
-        in_low, out_low, reason = lowered
+        in_low, out_low, reason, code = lowered
         if in_low or out_low:
             d.precision = target
             d.input_types.update((k, target.elem_type) for k in in_low if ins[k])
             d.output_types.update((k, target.elem_type) for k in out_low)
-        d.reason = reason
+        d.reason, d.code = reason, code
         return d
 
     def _cast_block(self, target: Precision) -> str | None:
@@ -638,9 +647,9 @@ class _Converter:
         out_types: tuple[int | None, ...],
         any_inputs: tuple[int, ...],
         target: Precision,
-    ) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
-        """(inputs to lower, outputs to lower, reason when nothing could be): memoized, since
-        most nodes of a model share a handful of signatures."""
+    ) -> _Lowered:
+        """(inputs to lower, outputs to lower, reason and its code when nothing could be):
+        memoized, since most nodes of a model share a handful of signatures."""
         key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target)
         cached = self._group_cache.get(key)
         if cached is not None:
@@ -666,18 +675,19 @@ class _Converter:
             in_low.extend(k for k in g.inputs if k not in any_inputs)
             out_low.extend(g.outputs)
             lowered_vars.append(g.var.split("#")[0])
-        reason = None
+        reason = code = None
         if not in_low and not out_low and blocked:
             blocked_text = ", ".join(sorted(set(blocked)))
             reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {blocked_text}"
+            code = "schema-admits"
         elif in_low or out_low:
             domain = "" if node.domain == "ai.onnx" else node.domain
             reason = kernel_block(
                 self.options.target, target, domain, node.op_type, sig.since_version, tuple(lowered_vars)
             )
             if reason:
-                in_low, out_low = [], []
-        result = (tuple(in_low), tuple(out_low), reason)
+                in_low, out_low, code = [], [], "kernel-table"
+        result = (tuple(in_low), tuple(out_low), reason, code)
         self._group_cache[key] = result
         return result
 
@@ -1101,7 +1111,7 @@ class _Converter:
                 if d.keepable and d.precision is not None:
                     keepable[d.path] = (d.label, d.op)
                 if d.reason:
-                    kept.append(KeptNode(d.label, d.op, d.reason, d.path))
+                    kept.append(KeptNode(d.label, d.op, d.reason, d.path, d.code))
                 if children and i in children:
                     for child in children[i]:
                         walk(child)

@@ -244,7 +244,7 @@ def test_schema_keeps_resize_scales_and_dynamic_quantize_input() -> None:
     """)
     report = ConversionReport()
     out = convert(einsum, "auto-mixed-bf16", report=report)
-    assert [k.reason for k in report.kept_f32] == ["schema: Einsum-12 does not admit bf16 for T"]
+    assert [(k.reason, k.code) for k in report.kept_f32] == [("schema: Einsum-12 does not admit bf16 for T", "schema-admits")]
     assert out.graph.node[0].input[:] == ["a", "b"] and report.casts_inserted == 0
 
 
@@ -422,3 +422,26 @@ def test_a_source_kept_f32_is_clamped_for_its_low_readers() -> None:
     readers = [n for n in all_nodes(converted) if n.op_type == "Cast" and n.input[0] == "neg"]
     assert [n.attribute[0].i for n in readers] == [TensorProto.BFLOAT16]
     assert convert(converted, "auto-mixed-bf16").SerializeToString() == converted.SerializeToString()
+
+
+def test_every_kept_node_has_a_stable_reason_code() -> None:
+    """Reports name why a node keeps its types by a code (report.REASON_CODES), whatever the
+    wording of the reason: every kept node of every fixture, policy and target has one, and
+    the fixtures built for a rule get that rule's code."""
+    from rlx_onnx_amp.report import REASON_CODES
+
+    seen: dict[str, set[str]] = {}
+    for name, build in {**HEALTHY, **BROKEN_IN_F16}.items():
+        for policy in ("always-f16", "auto-mixed", "auto-mixed-bf16"):
+            for target in ("cuda", "cpu"):
+                report = ConversionReport()
+                convert(build().model, policy, report=report, target=target)
+                for k in report.kept_f32:
+                    assert k.code in REASON_CODES, (name, policy, target, k)
+                    assert k.to_json()["code"] == k.code
+                    seen.setdefault(name, set()).add(k.code)
+    assert "qdq-region" in seen["qdq_model"] and "control-flow" in seen["control_flow"]
+    assert "kernel-table" in seen["conv_net"]  # bf16 Conv on either provider
+    report = ConversionReport()
+    convert(HEALTHY["transformer_block"]().model, "always-f16", report=report, keep_f32_ops=["Softmax"])
+    assert {(k.op, k.code) for k in report.kept_f32} == {("Softmax", "user-keep")}
