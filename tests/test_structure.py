@@ -63,3 +63,18 @@ def test_no_import_cycle_in_the_package() -> None:
     # A package's __init__ re-exporting its submodules, which import siblings, is not a cycle
     # of ours unless a submodule imports the package __init__ back.
     assert cycles == [], cycles
+
+
+def test_reason_codes_match_the_design_table() -> None:
+    """docs/design.md's table of reason codes is REASON_CODES, in order, with the same words."""
+    import re
+
+    from rlx_onnx_amp.report import REASON_CODES
+
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    section = design[design.index("**Reason codes**") : design.index("- **type-variable**")]
+    table = re.findall(r"^\s*\| `([a-z-]+)` \| (.+?) \|$", section, re.M)
+    for code, text in REASON_CODES.items():
+        print(f"{code:18s} {text}")
+    assert [code for code, _ in table] == list(REASON_CODES)
+    assert {code: text.replace("`", "") for code, text in table} == REASON_CODES
