@@ -123,6 +123,8 @@ def conversion_table(report: ConversionReport) -> str:
             )
     if report.unknown_ops:
         lines.append(f"unknown ops kept in original types: {', '.join(sorted(set(report.unknown_ops)))}")
+    if not report.changed:
+        lines.append("nothing changed: every node keeps its original types, no Cast was inserted or removed")
     cost = cost_line(report.cost.to_json() if report.cost else None)
     if cost:
         lines.append(cost)

@@ -66,6 +66,9 @@ class ConversionReport:
     #: flow, unknown ops and nodes already in f32 are not among them.
     keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
     data_files: list[str] = field(default_factory=list)  # external data files written beside the output
+    #: Whether the rewrite changed anything (a node lowered, a Cast inserted or removed, a
+    #: weight narrowed): False says the output is the input in other bytes at most.
+    changed: bool = True
     cost: Cost | None = None  # what the conversion buys (`rlx_onnx_amp.cost`)
     verify: dict[str, Any] | None = None
     repair: dict[str, Any] | None = None
@@ -91,6 +94,7 @@ class ConversionReport:
             "by_op": self.by_op,
             "casts_inserted": self.casts_inserted,
             "casts_removed": self.casts_removed,
+            "changed": self.changed,
             "kept_f32": [k.to_json() for k in self.kept_f32],
             "clamped": self.clamped,
             "initializer_bytes": {"before": self.initializer_bytes_before, "after": self.initializer_bytes_after},

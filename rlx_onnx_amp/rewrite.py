@@ -1102,9 +1102,13 @@ class _Converter:
         tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
         decisions, kept, keepable = report.decisions, report.kept_f32, report.keepable
 
+        lowered = False  # a node the policy put in low precision
+
         def walk(scope: _Scope) -> None:  # node by node, each body right after the node that holds it
+            nonlocal lowered
             children = scope.children
             for i, d in enumerate(scope.decisions):
+                lowered = lowered or d.precision is not None
                 prec = d.precision.value if d.precision is not None else _reported_precision(d, scope)
                 tally[(d.kind, d.domain, d.op, prec)] += 1  # counted per kind and op below, once per distinct row
                 decisions[d.path] = prec or "none"
@@ -1124,6 +1128,12 @@ class _Converter:
                 unknown.append(op)
         report.casts_inserted = self.casts_inserted
         report.casts_removed = self.casts_removed
+        report.changed = bool(
+            self.casts_inserted
+            or self.casts_removed
+            or lowered
+            or report.initializer_bytes_after != report.initializer_bytes_before
+        )
         report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
         report.unknown_ops = sorted(set(unknown))
 

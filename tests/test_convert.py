@@ -36,6 +36,8 @@ NOTHING_TO_LOWER = {"qdq_model"}
 TOLERANCE = {"always-f32": (0.0, 0.0), "always-f16": (2e-2, 2e-2), "auto-mixed-conservative": (1e-2, 1e-2),
              "auto-mixed": (1e-2, 1e-2)}
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def _build(name: str) -> Fixture:
     return {**HEALTHY, **BROKEN_IN_F16}[name]()
@@ -445,3 +447,21 @@ def test_every_kept_node_has_a_stable_reason_code() -> None:
     report = ConversionReport()
     convert(HEALTHY["transformer_block"]().model, "always-f16", report=report, keep_f32_ops=["Softmax"])
     assert {(k.op, k.code) for k in report.kept_f32} == {("Softmax", "user-keep")}
+
+
+def test_a_conversion_that_changed_nothing_says_so(tmp_path: Path) -> None:
+    for name, build in {**HEALTHY, **BROKEN_IN_F16}.items():
+        report = ConversionReport()
+        convert(build().model, "always-f32", report=report)
+        assert not report.changed and report.to_json()["changed"] is False, name
+    report = ConversionReport()
+    convert(HEALTHY["transformer_block"]().model, "always-f16", report=report)
+    assert report.changed
+    src = tmp_path / "m.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    from tests.helpers import rlx
+
+    same = rlx(src, "--policy", "always-f32", "-o", tmp_path / "o.onnx", cwd=REPO)
+    assert same.returncode == 0 and "nothing changed: every node keeps its original types" in same.stdout
+    lowered = rlx(src, "--policy", "always-f16", "-o", tmp_path / "o.onnx", cwd=REPO)
+    assert lowered.returncode == 0 and "nothing changed" not in lowered.stdout
