@@ -11,13 +11,14 @@ from rlx_onnx_amp.taxonomy import OpKind
 
 __all__ = ["REASON_CODES", "ConversionReport", "KeptNode"]
 
-#: Why a node the policy wanted lower keeps its types: stable codes for reports, repair and
-#: tests (the rule of docs/design.md each comes from), whatever the reason's wording.
+#: Why a node keeps its types: stable codes for reports, repair and tests (the rule of
+#: docs/design.md each comes from), whatever the reason's wording; in precedence order, the
+#: order of `rewrite.KEEP_RULES` followed by the two that lowering a schema's type variables gives.
 REASON_CODES: dict[str, str] = {
-    "user-keep": "kept on request: --keep-f32-op, --keep-f32-node, or a node path (repair's keeps)",
     "non-tensor": "reads or makes sequence/optional values, which keep their types",
     "control-flow": "If/Loop/Scan: the interface keeps its types, the bodies are rewritten",
     "unknown-op": "an op the taxonomy does not know",
+    "user-keep": "kept on request: --keep-f32-op, --keep-f32-node, or a node path (repair's keeps)",
     "cast-unavailable": "the Casts around it cannot be written at the model's default-domain opset",
     "kernel-gap": "onnxruntime has no kernel for it in low precision with these attributes",
     "qdq-region": "reads DequantizeLinear or feeds QuantizeLinear: onnxruntime runs it quantized",

@@ -243,6 +243,101 @@ def _is_float(elem: int | None) -> bool:
     return elem in FLOAT_TYPES
 
 
+@dataclass(slots=True)
+class _NodeFacts:
+    """What the keep rules read about a node whose values are typed."""
+
+    node: NodeProto
+    scope: _Scope
+    op: str
+    domain: str
+    in_types: list[int | None]
+    out_types: list[int | None]
+    sig: OpSignature | None
+    has_subgraph: bool
+    kind: OpKind | None
+    target: Precision | None = None  # the policy's precision for it, once it wants it lower
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    """One reason a node keeps its original types: `check` returns the reason, or None."""
+
+    code: str  # report.REASON_CODES
+    check: Callable[[_Converter, _NodeFacts | None, NodeDecision], str | None]
+    after_policy: bool = True  # only for a node the policy wants lower
+    per_node: bool = False  # reads the node's name or path: applied over the template cache
+
+
+def _non_tensor(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """Sequence and optional values keep their types."""
+    assert f is not None
+    holds = NON_TENSOR in f.in_types or NON_TENSOR in f.out_types
+    return "sequence/optional values keep their types" if holds else None
+
+
+def _control_flow(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """If/Loop/Scan keep their interface types; their bodies are rewritten (rule control-flow)."""
+    assert f is not None
+    return "control-flow: interface keeps its types, bodies are rewritten" if f.has_subgraph else None
+
+
+def _unknown_op(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """An op the taxonomy lacks keeps its types (rule unknown-op)."""
+    assert f is not None
+    return f"unknown op {f.node.domain + '.' if f.node.domain else ''}{f.node.op_type}" if f.kind is None else None
+
+
+def _user_keep_rule(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """--keep-f32-op, --keep-f32-node and node paths (repair's keeps) (rule user-keep)."""
+    return cv._user_keep(d.node, d.path)
+
+
+def _cast_unavailable(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """The Casts around the node cannot be written at the model's default-domain opset."""
+    assert f is not None and f.target is not None
+    return cv._cast_block(f.target)
+
+
+def _kernel_gap_rule(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """onnxruntime has a known gap its registry cannot show (rule kernel-gap)."""
+    assert f is not None
+    gap = _kernel_gap(f.node) if (f.domain if f.domain != "ai.onnx" else "", f.op) in KERNEL_GAPS else None
+    return f"kernel: {gap}" if gap else None
+
+
+def _qdq_region(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """A node between DequantizeLinear and QuantizeLinear runs quantized (rule qdq-region)."""
+    assert f is not None
+    if f.scope.in_qdq_region(d):
+        return "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
+    return None
+
+
+def _no_schema(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+    """No schema for the op at the model's opset: nothing says what it admits."""
+    assert f is not None
+    return f"no schema for {f.op} at opset {cv._opset(f.domain)}" if f.sig is None else None
+
+
+#: Every reason a node keeps its original types, in precedence order: the first that fires
+#: decides. The last two come from lowering the schema's type variables (`_lower_groups`):
+#: schema-admits (a variable does not admit the low type) and kernel-table (the target has no
+#: kernel); they are listed in REASON_CODES after these.
+KEEP_RULES: tuple[KeepRule, ...] = (
+    KeepRule("non-tensor", _non_tensor, after_policy=False),
+    KeepRule("control-flow", _control_flow, after_policy=False),
+    KeepRule("unknown-op", _unknown_op, after_policy=False),
+    KeepRule("user-keep", _user_keep_rule, per_node=True),
+    KeepRule("cast-unavailable", _cast_unavailable),
+    KeepRule("kernel-gap", _kernel_gap_rule),
+    KeepRule("qdq-region", _qdq_region),
+    KeepRule("no-schema", _no_schema),
+)
+NODE_RULES = tuple(r for r in KEEP_RULES if r.per_node)
+_RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
+
+
 class _Converter:
     def __init__(
         self,
@@ -405,7 +500,7 @@ class _Converter:
         )
         decision.code = code
         if keepable and self.user_keeps:
-            self._apply_user_keep(decision)
+            self._apply_node_rules(decision)
         return decision
 
     def _record(
@@ -469,14 +564,20 @@ class _Converter:
                 return f"user: --keep-f32-node {pattern.pattern}"
         return None
 
-    def _apply_user_keep(self, d: NodeDecision) -> None:
-        """Keep a node the policy would lower in its original types if the user said so: the
-        user's word comes before kernel, QDQ and schema reasons (rule user-keep)."""
-        reason = self._user_keep(d.node, d.path)
-        if reason:
-            d.precision, d.reason, d.code = None, reason, "user-keep"
-            d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
-            d.output_types = {}
+    def _apply_node_rules(self, d: NodeDecision) -> None:
+        """The rules that depend on the node itself (its name, its path), over a decision that
+        may come from the template cache: one fires when it comes before the one that decided
+        (`KEEP_RULES` order is the precedence); the node then keeps its original types."""
+        decided = _RULE_ORDER.get(d.code or "", len(KEEP_RULES))
+        for rule in NODE_RULES:
+            if _RULE_ORDER[rule.code] >= decided:
+                return
+            reason = rule.check(self, None, d)
+            if reason:
+                d.precision, d.reason, d.code = None, reason, rule.code
+                d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
+                d.output_types = {}
+                return
 
     def _decide(
         self,
@@ -543,7 +644,7 @@ class _Converter:
                 d.code,
             )
         if d.keepable and self.user_keeps:
-            self._apply_user_keep(d)
+            self._apply_node_rules(d)
         return d
 
     def _decide_node(
@@ -560,47 +661,37 @@ class _Converter:
         out_types: list[int | None],
         sig: OpSignature | None,
     ) -> NodeDecision:
-        """The decision for one node whose values are typed; user keeps are applied by the caller."""
+        """The decision for one node whose values are typed; the rules of `KEEP_RULES` in
+        their order, except those that depend on the node itself (applied by the caller,
+        over the template cache, by `_apply_node_rules`)."""
         kind = kind_of(domain, op)
         d = NodeDecision(path, node, kind, op, domain, ins, outs)
         if op in SOURCE_VALUE_ATTRIBUTES and domain in DEFAULT_DOMAINS:
-            d.source = True
+            d.source = True  # its type follows its consumers (rule source-follows-consumers)
             return d
         for k in ANY_FLOAT_INPUTS.get(op, ()):
             if k < len(ins):
                 d.input_types[k] = None
         if op in FIXED_TYPE_OPS:
             return d  # keeps its `to` (rule cast-keeps-to); consumers at another type get a Cast after it
-        if NON_TENSOR in in_types or NON_TENSOR in out_types:
-            d.reason, d.code = "sequence/optional values keep their types", "non-tensor"
-            return d
-        if has_subgraph:
-            d.reason, d.code = "control-flow: interface keeps its types, bodies are rewritten", "control-flow"
-            return d
-        if kind is None:
-            d.reason, d.code = f"unknown op {node.domain + '.' if node.domain else ''}{node.op_type}", "unknown-op"
-            return d
-        target = self.kind_precision[kind]
-        if target is Precision.F32:
-            return d
-        d.keepable = True  # the policy wants it lower: from here on a user keep takes precedence
-        cast_block = self._cast_block(target)
-        if cast_block:
-            d.reason, d.code = cast_block, "cast-unavailable"
-            return d
-        gap = _kernel_gap(node) if (domain if domain != "ai.onnx" else "", op) in KERNEL_GAPS else None
-        if gap:
-            d.reason, d.code = f"kernel: {gap}", "kernel-gap"
-            return d
-        if scope.in_qdq_region(d):
-            d.reason = "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
-            d.code = "qdq-region"
-            return d
-        if sig is None:
-            d.reason, d.code = f"no schema for {op} at opset {self._opset(domain)}", "no-schema"
-            return d
-        lowered = self._lower_groups(node, sig, tuple(in_types), tuple(out_types), tuple(d.input_types), target)
-        in_low, out_low, reason, code = lowered
+        facts = _NodeFacts(node, scope, op, domain, in_types, out_types, sig, has_subgraph, kind)
+        for rule in KEEP_RULES:
+            if rule.after_policy and not d.keepable:
+                wanted = self.kind_precision[kind] if kind is not None else Precision.F32
+                if wanted is Precision.F32:
+                    return d  # the policy keeps it in f32: no reason to report
+                d.keepable, facts.target = True, wanted  # from here on a user keep takes precedence
+            if rule.per_node:
+                continue
+            reason = rule.check(self, facts, d)
+            if reason:
+                d.reason, d.code = reason, rule.code
+                return d
+        target = facts.target
+        assert target is not None and sig is not None  # the policy wants it lower; the no-schema check passed
+        in_low, out_low, reason, code = self._lower_groups(
+            node, sig, tuple(in_types), tuple(out_types), tuple(d.input_types), target
+        )
         if in_low or out_low:
             d.precision = target
             d.input_types.update((k, target.elem_type) for k in in_low if ins[k])

@@ -78,3 +78,16 @@ def test_reason_codes_match_the_design_table() -> None:
         print(f"{code:18s} {text}")
     assert [code for code, _ in table] == list(REASON_CODES)
     assert {code: text.replace("`", "") for code, text in table} == REASON_CODES
+
+
+def test_the_rule_list_is_the_precedence_of_the_reason_codes() -> None:
+    """rewrite.KEEP_RULES, in order, is REASON_CODES in order, followed by the two codes that
+    lowering a schema's type variables gives."""
+    from rlx_onnx_amp.report import REASON_CODES
+    from rlx_onnx_amp.rewrite import KEEP_RULES
+
+    for rule in KEEP_RULES:
+        print(f"{rule.code:18s} {'every node' if not rule.after_policy else 'lowered nodes'}"
+              f"{', per node' if rule.per_node else ''}: {rule.check.__doc__}")
+    assert [r.code for r in KEEP_RULES] + ["schema-admits", "kernel-table"] == list(REASON_CODES)
+    assert all(r.check.__doc__ and "\n" not in r.check.__doc__.strip() for r in KEEP_RULES)  # one line each
