@@ -423,8 +423,19 @@ def test_signals_leave_no_partial_output_and_no_scratch(lay: Layout, long_model:
         assert cli(long_model, "--policy", "always-f16", "-o", lay.out / "c.onnx", "-q").code == 0
         earlier = lay.snapshot(lay.out)
         args = ("verify", long_model, lay.out / "c.onnx", "--provider", "cpu", "--localize", "--report-json", lay.out / "r.json")
+    # The signal times are fractions of how long this run takes here, uninterrupted, so that
+    # they land inside it on a fast machine and on a loaded one alike.
+    start = time.monotonic()
+    timing = _spawn(lay, *args)
+    _, timing_err = timing.communicate(timeout=300)
+    assert timing.returncode == 0, timing_err
+    whole = time.monotonic() - start
+    (lay.out / "r.json").unlink()
+    if command == "convert":
+        assert cli(model, "-o", out, "-q").code == 0
+    earlier = lay.snapshot(lay.out)
     outcomes = set()
-    for delay in (0.5, 1.5, 3.0):
+    for delay in (0.25 * whole, 0.5 * whole, 0.8 * whole):
         proc = _spawn(lay, *args)
         time.sleep(delay)
         proc.send_signal(signum)
