@@ -28,6 +28,17 @@ def _stop(message: str, code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    finally:
+        # The run is over: its outputs are committed or removed, and its exit code decided. A
+        # signal now would find Python's handlers gone while the interpreter shuts down and
+        # kill the process (-15) after a complete run: from here on it is ignored.
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_IGN)
+
+
+def _main(argv: list[str] | None) -> None:
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
         with signals_deferred():
