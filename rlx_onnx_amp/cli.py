@@ -37,7 +37,7 @@ from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.errors import AmpError, InputError, Terminated, first_line, raise_terminated
 from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
 from rlx_onnx_amp.inspect import inspect_model
-from rlx_onnx_amp.merge import merge_reports, merged_markdown
+from rlx_onnx_amp.merge import merge_reports, merged_markdown, worst_exit_code
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
@@ -466,10 +466,6 @@ def _refuse_idle_options(ctx: click.Context, do_verify: bool, do_repair: bool) -
         raise InputError("--repair-budget needs --repair")
 
 
-#: Exit codes from least to most severe: a batch exits with the worst of its models.
-_SEVERITY = (EXIT_OK, EXIT_DRIFT, EXIT_USAGE, 3, EXIT_INTERNAL)
-
-
 class _ConvertJob:
     """The models of one convert command: converts (verifies, repairs) each, prints its tables,
     and remembers what each came to for the reports and the exit code."""
@@ -601,7 +597,7 @@ class _ConvertJob:
 
     def exit_code(self) -> int:
         codes = [EXIT_DRIFT if not v.passed else EXIT_OK for _, v in self.verified] + [c for _, _, c in self.failed]
-        return max(codes, key=lambda c: _SEVERITY.index(c) if c in _SEVERITY else len(_SEVERITY), default=EXIT_OK)
+        return worst_exit_code(codes)  # a batch exits with the worst of its models
 
     def json(self, batch: bool) -> dict[str, Any]:
         if not batch:

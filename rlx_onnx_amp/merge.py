@@ -16,11 +16,16 @@ from typing import Any
 
 from rlx_onnx_amp.errors import InputError
 
-__all__ = ["merge_reports", "merged_markdown", "read_report"]
+__all__ = ["SEVERITY", "merge_reports", "merged_markdown", "read_report", "worst_exit_code"]
 
 EXIT_OK, EXIT_DRIFT = 0, 1
-#: Exit codes from least to most severe (the CLI's order): a merge exits with the worst.
+#: Exit codes from least to most severe: a batch, and a merge of batches, exit with the worst.
 SEVERITY = (0, 1, 2, 3, 70)
+
+
+def worst_exit_code(codes: Sequence[int]) -> int:
+    """The most severe of `codes` by `SEVERITY` (a code it does not list is the worst); 0 for none."""
+    return max(codes, key=lambda c: SEVERITY.index(c) if c in SEVERITY else len(SEVERITY), default=EXIT_OK)
 
 
 def read_report(path: str | Path) -> dict[str, Any]:
@@ -47,7 +52,7 @@ def read_report(path: str | Path) -> dict[str, Any]:
 def _exit_code(models: Sequence[Mapping[str, Any]], failed: Sequence[Mapping[str, Any]]) -> int:
     codes = [EXIT_DRIFT if m.get("verify") and not m["verify"].get("passed") else EXIT_OK for m in models]
     codes += [int(f.get("exit_code", 2)) for f in failed]
-    return max(codes, key=lambda c: SEVERITY.index(c) if c in SEVERITY else len(SEVERITY), default=EXIT_OK)
+    return worst_exit_code(codes)
 
 
 def merge_reports(paths: Sequence[str | Path]) -> dict[str, Any]:
