@@ -27,6 +27,7 @@ from typing import Any
 import onnx
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
+from rlx_onnx_amp.taxonomy import canonical_domain
 from rlx_onnx_amp.types import all_graphs, all_tensors, concrete_input_shape, structure_copy
 
 __all__ = ["MAC_FORMULAS", "Cost", "estimate_cost", "policy_hint"]
@@ -264,7 +265,7 @@ def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
         node
         for graph in graphs
         for node in graph.node
-        if node.op_type == "Cast" or (_domain(node), node.op_type) in MAC_FORMULAS
+        if node.op_type == "Cast" or (canonical_domain(node.domain), node.op_type) in MAC_FORMULAS
     ]
     wanted = {name for node in counted for name in (*node.input, *node.output)}
     known, types = _value_facts(all_graphs(light.graph), wanted)
@@ -281,12 +282,8 @@ def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
     return cost
 
 
-def _domain(node: onnx.NodeProto) -> str:
-    return "" if node.domain in ("", "ai.onnx") else node.domain
-
-
 def _count_node(node: onnx.NodeProto, known: Mapping[str, Shape], types: Mapping[str, int], cost: Cost) -> None:
-    domain = _domain(node)
+    domain = canonical_domain(node.domain)
     formula = MAC_FORMULAS.get((domain, node.op_type))
     if formula is not None:
         macs = formula(node, [known.get(i) if i else None for i in node.input], [known.get(o) for o in node.output])

@@ -30,14 +30,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.precision import PRECISIONS, Precision
 
 __all__ = ["Kernel", "KernelTable", "Target", "kernel_block", "kernel_table"]
 
 logger = logging.getLogger(__name__)
 
 _OPEN = 2**31 - 1  # onnxruntime's "no upper bound" for a kernel's version range
-_FLOAT_NAMES = frozenset({"float", "float16", "bfloat16", "double"})
+#: The element types the kernel table records: ours, and double (which no policy produces).
+_FLOAT_NAMES = frozenset(info.onnx_name for info in PRECISIONS.values()) | {"double"}
 
 
 class Target(enum.Enum):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_onnx_amp.errors import PolicyError
-from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.precision import PRECISIONS, Precision
 from rlx_onnx_amp.taxonomy import OpKind
 
 __all__ = ["POLICY_NAMES", "Policy", "parse_kind_map", "policy_from_name"]
@@ -57,15 +57,7 @@ _KIND_ALIASES = {k.value: k for k in OpKind} | {
     "data_movement": OpKind.DATA_MOVEMENT,
     "data-movement": OpKind.DATA_MOVEMENT,
 }
-_PRECISION_ALIASES = {p.value: p for p in Precision} | {
-    "fp32": _F32,
-    "float32": _F32,
-    "float": _F32,
-    "fp16": _F16,
-    "float16": _F16,
-    "half": _F16,
-    "bfloat16": _BF16,
-}
+_PRECISION_ALIASES = {name: p for p, info in PRECISIONS.items() for name in (p.value, *info.aliases)}
 
 
 def _kind_precision(kind: str, precision: str, where: str) -> tuple[OpKind, Precision]:

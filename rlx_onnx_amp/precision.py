@@ -54,6 +54,12 @@ class PrecisionInfo:
     atol: float
     rtol_of_max: float  # times max|reference| (see verify.metrics)
     min_cosine: float
+    aliases: tuple[str, ...] = ()  # other names a user may write for it (`--map`, policy files)
+
+    @property
+    def onnx_name(self) -> str:
+        """Its name in ONNX type strings and onnxruntime's kernel registry: `float16`."""
+        return self.type_str[len("tensor(") : -1]
 
 
 PRECISIONS: Mapping[Precision, PrecisionInfo] = {
@@ -72,6 +78,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         atol=1e-4,
         rtol_of_max=1e-4,
         min_cosine=0.99999,
+        aliases=("fp32", "float32", "float"),
     ),
     Precision.F16: PrecisionInfo(
         Precision.F16,
@@ -88,6 +95,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         atol=1e-2,
         rtol_of_max=1e-2,
         min_cosine=0.999,
+        aliases=("fp16", "float16", "half"),
     ),
     Precision.BF16: PrecisionInfo(
         Precision.BF16,
@@ -104,6 +112,7 @@ PRECISIONS: Mapping[Precision, PrecisionInfo] = {
         atol=5e-2,
         rtol_of_max=5e-2,
         min_cosine=0.995,
+        aliases=("bfloat16",),
     ),
 }
 

@@ -50,7 +50,7 @@ from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
-from rlx_onnx_amp.taxonomy import OpKind, kind_of
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, subgraphs
 from rlx_onnx_amp.verification.compare import (
@@ -339,7 +339,7 @@ class _BodySurfacer:
         found: list[tuple[str, str, str]] = []
         for i, node in enumerate(graph.node):
             bodies = subgraphs(node)
-            if not bodies or node.domain not in ("", "ai.onnx") or node.op_type not in ("If", "Loop", "Scan"):
+            if not bodies or node.domain not in DEFAULT_DOMAINS or node.op_type not in ("If", "Loop", "Scan"):
                 continue
             per_body = []
             for key, body in bodies:

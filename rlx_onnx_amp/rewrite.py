@@ -63,6 +63,7 @@ from rlx_onnx_amp.taxonomy import (
     TYPE_ATTRIBUTES,
     TYPED_TENSOR_ATTRIBUTES,
     OpKind,
+    canonical_domain,
     kind_of,
 )
 from rlx_onnx_amp.tensors import (
@@ -78,11 +79,13 @@ from rlx_onnx_amp.types import (
     GRAPH_OPS,
     NON_TENSOR,
     OUTPUT_TYPE_ATTRIBUTE,
+    FreshNames,
     ScopeTypes,
     constant_type,
     declared_types,
     infer_types,
     names_read,
+    opset_versions,
     schema_output_types,
     subgraphs,
 )
@@ -302,7 +305,7 @@ def _cast_unavailable(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> 
 def _kernel_gap_rule(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """onnxruntime has a known gap its registry cannot show (rule kernel-gap)."""
     assert f is not None
-    gap = _kernel_gap(f.node) if (f.domain if f.domain != "ai.onnx" else "", f.op) in KERNEL_GAPS else None
+    gap = _kernel_gap(f.node) if (canonical_domain(f.domain), f.op) in KERNEL_GAPS else None
     return f"kernel: {gap}" if gap else None
 
 
@@ -358,12 +361,12 @@ class _Converter:
         self.source = source
         self.sink = sink
         self.report = report
-        self.opsets = {(o.domain or ""): o.version for o in model.opset_import}
-        self.opsets.setdefault("", self.opsets.get("ai.onnx", 1))
+        self.opsets = opset_versions(model)
         self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
         self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
-        self.used_names: set[str] = set()
+        self.fresh = FreshNames()
+        self.used_names = self.fresh.taken
         self._group_cache: dict[tuple[object, ...], _Lowered] = {}
         self._templates: dict[tuple[object, ...], _Template] = {}
         self._cast_blocks: dict[Precision, str | None] = {}
@@ -380,14 +383,6 @@ class _Converter:
         for vi in (*graph.input, *graph.output, *graph.value_info):
             self.used_names.add(vi.name)
         self.used_names.update(t.name for t in graph.initializer)
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.used_names:
-            k += 1
-            name = f"{base}_{k}"
-        self.used_names.add(name)
-        return name
 
     # ---- sweep 1: decide ---------------------------------------------------------------
     def decide_scope(self, scope: _Scope, types: ScopeTypes | None) -> None:
@@ -552,7 +547,7 @@ class _Converter:
             owner.wants.setdefault(name, set()).add(elem)
 
     def _opset(self, domain: str) -> int:
-        return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
+        return self.opsets.get(canonical_domain(domain), 1)
 
     def _user_keep(self, node: NodeProto, path: str) -> str | None:
         if path in self.options.keep_f32_paths:
@@ -630,7 +625,7 @@ class _Converter:
         if (
             template_key is not None
             and all(derived[k] is not None and derived[k] == out_types[k] for k in named)
-            and ("" if domain == "ai.onnx" else domain, op) not in KERNEL_GAPS
+            and (canonical_domain(domain), op) not in KERNEL_GAPS
         ):
             self._templates[template_key] = _Template(
                 tuple(derived),
@@ -725,8 +720,7 @@ class _Converter:
 
     def _cast_opset(self) -> int:
         """The default-domain opset of the model, or the one `_ensure_default_opset` would add."""
-        imported = {o.domain for o in self.model.opset_import}
-        if "" in imported or "ai.onnx" in imported:
+        if any(o.domain in DEFAULT_DOMAINS for o in self.model.opset_import):
             return self._opset("")
         return _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
 
@@ -751,7 +745,7 @@ class _Converter:
         out_low: list[int] = []
         lowered_vars: list[str] = []
         fixed_vars = (
-            ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else frozenset()
+            ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in DEFAULT_DOMAINS else frozenset()
         )
         for g in sig.groups:
             if g.var in fixed_vars:
@@ -772,9 +766,13 @@ class _Converter:
             reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {blocked_text}"
             code = "schema-admits"
         elif in_low or out_low:
-            domain = "" if node.domain == "ai.onnx" else node.domain
             reason = kernel_block(
-                self.options.target, target, domain, node.op_type, sig.since_version, tuple(lowered_vars)
+                self.options.target,
+                target,
+                canonical_domain(node.domain),
+                node.op_type,
+                sig.since_version,
+                tuple(lowered_vars),
             )
             if reason:
                 in_low, out_low, code = [], [], "kernel-table"
@@ -913,9 +911,7 @@ class _Converter:
                 self._value_info(scope, low_name, have or 0)
         return back
 
-    def _rewire_inputs(
-        self, scope: _Scope, i: int, d: NodeDecision, orig_type: Callable[[str], int | None]
-    ) -> None:
+    def _rewire_inputs(self, scope: _Scope, i: int, d: NodeDecision, orig_type: Callable[[str], int | None]) -> None:
         """Point node i's inputs at the names holding them at the types it reads them at."""
         node, input_types, defined = d.node, d.input_types, scope.defined
         for k, name in enumerate(d.inputs):
@@ -1166,7 +1162,8 @@ class _Converter:
             self.decide_scope(main, None)  # typed from the schemas as it goes
         except _Untyped as e:
             logger.debug("schema typing gave up (%s); running onnx shape inference", e)
-            self.used_names = names
+            self.fresh = FreshNames(names)
+            self.used_names = self.fresh.taken
             types = infer_types(self.model)
             main = _Scope(graph, "", None, types.get("", {}))
             self.decide_scope(main, types)
@@ -1179,9 +1176,7 @@ class _Converter:
     def _ensure_default_opset(self) -> None:
         """Inserted Casts live in the default domain; a model that imports only another domain
         (ai.onnx.ml) gets the default-domain opset released with it."""
-        if "" in {o.domain for o in self.model.opset_import} | {"ai.onnx"} & {
-            o.domain for o in self.model.opset_import
-        }:
+        if any(o.domain in DEFAULT_DOMAINS for o in self.model.opset_import):
             return
         version = _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
         self.model.opset_import.append(helper.make_opsetid("", version))
@@ -1213,7 +1208,7 @@ class _Converter:
 
         walk(main)
         for (kind, domain, op_type, prec), count in tally.items():
-            op = (f"{domain}." if domain not in ("", "ai.onnx") else "") + op_type
+            op = (f"{domain}." if domain not in DEFAULT_DOMAINS else "") + op_type
             report.count_node(kind, op, prec, count)
             if kind is None:
                 unknown.append(op)
@@ -1262,7 +1257,7 @@ def _default_opset_for(model: ModelProto, ml: int | None) -> int:
 
 
 def _kernel_gap(node: NodeProto) -> str | None:
-    gap = KERNEL_GAPS.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
+    gap = KERNEL_GAPS.get((canonical_domain(node.domain), node.op_type))
     if gap is None:
         return None
     attr_name, values, reason = gap

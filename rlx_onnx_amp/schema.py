@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import onnx
 import onnx.defs
 
+from rlx_onnx_amp.taxonomy import canonical_domain
+
 __all__ = ["OpSignature", "TypeGroup", "signature"]
 
 
@@ -54,7 +56,7 @@ def _ort_table() -> dict[tuple[str, str], list[object]]:
 
 
 def _find_schema(domain: str, op_type: str, opset: int) -> object | None:
-    dom = "" if domain == "ai.onnx" else domain
+    dom = canonical_domain(domain)
     try:
         return onnx.defs.get_schema(op_type, opset, dom)
     except onnx.defs.SchemaError:

@@ -23,6 +23,7 @@ __all__ = [
     "TYPED_TENSOR_ATTRIBUTES",
     "TYPE_ATTRIBUTES",
     "OpKind",
+    "canonical_domain",
     "kind_of",
 ]
 
@@ -37,9 +38,13 @@ class OpKind(str, enum.Enum):
     BOUNDARY = "boundary"
 
 
-# Domains that are aliases of the default ONNX domain.
 #: The names of onnx's default domain.
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+
+
+def canonical_domain(domain: str) -> str:
+    """A node's or opset's domain as the tables key it: "" for both names of the default domain."""
+    return "" if domain == "ai.onnx" else domain
 
 OP_KINDS: Mapping[tuple[str, str], OpKind] = {
     ("", "Abs"): OpKind.ELEMENTWISE,
@@ -458,9 +463,7 @@ TYPE_ATTRIBUTES: Mapping[str, str] = {
 
 def kind_of(domain: str, op_type: str) -> OpKind | None:
     """The kind of an op, or None when the taxonomy does not know it."""
-    if domain in DEFAULT_DOMAINS:
-        domain = ""
-    return OP_KINDS.get((domain, op_type))
+    return OP_KINDS.get((canonical_domain(domain), op_type))
 
 
 #: Ops whose types are their meaning: a Cast's `to` is the user's explicit choice (rule cast-keeps-to) and

@@ -14,14 +14,14 @@ Two ways, the first tried first:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import onnx
 import onnx.shape_inference
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, canonical_domain
 
 if TYPE_CHECKING:
     from rlx_onnx_amp.schema import OpSignature
@@ -31,6 +31,7 @@ __all__ = [
     "GRAPH_OPS",
     "NON_TENSOR",
     "OUTPUT_TYPE_ATTRIBUTE",
+    "FreshNames",
     "ScopeTypes",
     "all_graphs",
     "all_tensors",
@@ -40,6 +41,7 @@ __all__ = [
     "infer_types",
     "model_types",
     "names_read",
+    "opset_versions",
     "schema_output_types",
     "schema_types",
     "structure_copy",
@@ -77,6 +79,27 @@ _ATTRIBUTE_HOLDER_NAMES = frozenset(op for _, op in _TENSOR_OPS) | GRAPH_OPS
 
 #: Element types of the values of each graph scope, keyed by scope path.
 ScopeTypes = dict[str, dict[str, int]]
+
+
+def opset_versions(model: ModelProto) -> dict[str, int]:
+    """The model's opset per domain, the default domain under "" whichever name it imports."""
+    return {canonical_domain(o.domain): o.version for o in model.opset_import}
+
+
+class FreshNames:
+    """Names no value or node has yet: `base` itself, else `base_1`, `base_2`, ... Every name
+    handed out is taken from then on; `taken` may be added to directly."""
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self.taken: set[str] = set(taken)
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
 
 
 def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
@@ -204,10 +227,8 @@ def infer_types(model: ModelProto) -> ScopeTypes:
     return out
 
 
+#: Element types by the names type strings use: `float`, `float16`, `int64`, ...
 _TYPE_NAMES = {TensorProto.DataType.Name(v).lower(): v for v in TensorProto.DataType.values()}
-_TYPE_NAMES.update(
-    float=TensorProto.FLOAT, double=TensorProto.DOUBLE, float16=TensorProto.FLOAT16, bfloat16=TensorProto.BFLOAT16
-)
 #: Ops whose output type is the value of an attribute (a TensorProto.DataType).
 OUTPUT_TYPE_ATTRIBUTE = {"Cast": "to", "BitCast": "to"}
 
@@ -270,8 +291,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
     from rlx_onnx_amp.schema import signature  # schema imports nothing from here; avoids a cycle at import
 
     graph = model.graph
-    opsets = {(o.domain or ""): o.version for o in model.opset_import}
-    opsets.setdefault("", opsets.get("ai.onnx", 1))
+    opsets = opset_versions(model)
     declared = declared_types(graph)
     if declared is None:
         return None  # sequences, optionals, maps: onnx's inference knows them
@@ -280,7 +300,7 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
     for node in graph.node:
         op, domain = node.op_type, node.domain
         outs = node.output[:]
-        default_domain = domain in ("", "ai.onnx")
+        default_domain = domain in DEFAULT_DOMAINS
         if default_domain and op in SOURCE_VALUE_ATTRIBUTES:
             elem = constant_type(node)
             if elem is None:

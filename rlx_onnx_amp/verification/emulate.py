@@ -17,9 +17,9 @@ import onnx
 from onnx import ModelProto, TensorProto, helper
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
-from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import WeightSink, WeightSource, narrow
-from rlx_onnx_amp.types import all_graphs, model_types
+from rlx_onnx_amp.types import FreshNames, all_graphs, model_types
 
 __all__ = ["emulate", "low_precision_values"]
 
@@ -73,7 +73,7 @@ def _saturated_sources(candidate: ModelProto, low: dict[str, int]) -> dict[str, 
     found: dict[str, TensorProto] = {}
     for graph in all_graphs(candidate.graph):
         for node in graph.node:
-            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
             if not attr_name or not node.output or node.output[0] in low:
                 continue
             for attr in node.attribute:
@@ -142,18 +142,12 @@ class _Emulation:
         self.narrowed_reads = _narrowed_reads(candidate, self.low) if computed else {}
         self.saturated = _saturated_sources(candidate, self.low)
         self.source, self.sink, self.computed = source, sink, computed
-        self.used = {n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)}
-        self.used |= {t.name for g in all_graphs(model.graph) for t in g.initializer}
+        self.fresh = FreshNames(
+            n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)
+        )
+        self.fresh.taken |= {t.name for g in all_graphs(model.graph) for t in g.initializer}
         self.f32_names = {n for scope in model_types(reference).values() for n, t in scope.items() if t == _F32}
         self.rounded = 0
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
 
     def round_tensor(self, tensor: TensorProto, elem: int) -> None:
         precision = precision_of_elem_type(elem)
@@ -203,7 +197,7 @@ class _Emulation:
     def _round_source(self, node: onnx.NodeProto) -> bool:
         """A Constant-like node: the value the candidate holds (clamped, or rounded); True when
         its value was rounded in place (its output needs no round trip)."""
-        attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if not (attr_name and node.output):
             return False
         if node.output[0] in self.saturated:

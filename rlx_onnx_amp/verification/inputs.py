@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.files import OutputSet
+from rlx_onnx_amp.precision import FLOAT_TYPES
 from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
 
 __all__ = [
@@ -146,7 +147,7 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
         shape = _shape(vi, spec)
         if vi.name in spec.ranges:
             lo, hi = spec.ranges[vi.name]
-        elif elem in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
+        elif elem in FLOAT_TYPES or elem == TensorProto.DOUBLE:
             lo, hi = -1.0, 1.0
         elif elem == TensorProto.BOOL:
             lo, hi = 0, 2
@@ -160,7 +161,7 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
             )
         else:
             lo, hi = 0, 2
-        if np.issubdtype(dtype, np.floating) or elem == TensorProto.BFLOAT16:
+        if np.issubdtype(dtype, np.floating) or elem in FLOAT_TYPES:
             feeds[vi.name] = rng.uniform(lo, hi, shape).astype(np.float32).astype(dtype)
         elif dtype == np.bool_:
             feeds[vi.name] = rng.integers(0, 2, shape).astype(np.bool_)

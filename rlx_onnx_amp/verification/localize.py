@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
-from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verification.compare import Compared, Scratch, round_feeds
 from rlx_onnx_amp.verification.metrics import Tolerance
@@ -134,7 +134,7 @@ def localize(
     found: list[dict[str, Any]] = []
     for index, node in enumerate(ref_model.graph.node):
         outs = [o for o in node.output if o in errors]
-        if not outs or (node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in ("", "ai.onnx")):
+        if not outs or (node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS):
             continue
         ins = [errors[i] for i in node.input if i in errors]
         in_rel = max((e["rel_error"] for e in ins), default=0.0)
