@@ -30,25 +30,40 @@ the input model and its data file are read once (cat > /dev/null) so each conten
 the input in the page cache. Output writes land in the page cache; the `sync` that follows each
 contender is timed separately (sync_s) and not included in wall_s.
 
+Baseline (--baseline-rev REV, --repeat K): adds the contender rlx@REV, the same rlx-amp command
+run with the code of git revision REV (`git worktree add` into a temporary directory, removed
+afterwards). Both rlx and rlx@REV then run as `python3 -m rlx_onnx_amp` with PYTHONPATH set to their
+checkout, from a directory outside the repo (the module each imports is printed at start-up), K
+times each, alternating, and report their median wall; other contenders run once. A line per graph
+size gives the ratio rlx / rlx@REV. This is how a refactor is shown to be no slower:
+
+    python3 bench/scale.py --nodes 200000 --contenders rlx --baseline-rev a27eb95 --repeat 3
+
 JSON goes to bench/out/ (gitignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import platform
 import re
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 OUT_JSON_DIR = HERE / "out"
 DEFAULT_WORK = Path("/work/bench_data")
 
@@ -56,7 +71,7 @@ DEFAULT_WORK = Path("/work/bench_data")
 # ---------------------------------------------------------------------------------------------
 # workers (run in the child process)
 # ---------------------------------------------------------------------------------------------
-def _has_external(model) -> bool:  # noqa: ANN001
+def _has_external(model) -> bool:
     import onnx
 
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
@@ -91,7 +106,7 @@ def worker_floor(inp: str, out: str) -> None:
     print(json.dumps({"tensors": n, "bytes_in": nbytes_in, "bytes_out": nbytes_out}))
 
 
-def _save(model, inp: str, out: str) -> None:  # noqa: ANN001
+def _save(model, inp: str, out: str) -> None:
     import onnx
 
     src = onnx.load(inp, load_external_data=False)
@@ -220,7 +235,7 @@ def _summarize_output(out: Path) -> dict:
     info["model_mb"] = round(out.stat().st_size / 1e6, 2)
     try:
         m = onnx.load(str(out), load_external_data=False)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         info["load_error"] = str(e)[:200]
         return info
     by_type: dict[str, int] = {}
@@ -236,7 +251,8 @@ def _summarize_output(out: Path) -> dict:
     return info
 
 
-def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb: float, timeout: int, log_dir: Path) -> dict:
+def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb: float, timeout: int, log_dir: Path,
+            env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     for p in _outputs(out):
         p.unlink(missing_ok=True)
     warm_s = _warm(warm_paths)
@@ -246,7 +262,7 @@ def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb
             "timeout", "-s", "KILL", str(timeout), *cmd]
     print(f"  [{name}] {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(full, capture_output=True, text=True)
+    proc = subprocess.run(full, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     t1 = time.perf_counter()
     subprocess.run(["sync"], check=False)
@@ -270,20 +286,127 @@ def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb
     if status == "ok":
         res["output"] = _summarize_output(out)
         if proc.stdout.strip().startswith("{"):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 res["worker"] = json.loads(proc.stdout.strip().splitlines()[-1])
-            except json.JSONDecodeError:
-                pass
     print(f"  [{name}] {status}: wall {wall:.1f}s, peak RSS {tv.get('peak_rss_mb') or 0:.0f} MB, sync {sync_s:.1f}s", flush=True)
     return res
 
 
 def _cmd(name: str, model: Path, out: Path, policy: str) -> list[str]:
-    if name == "rlx":
-        exe = shutil.which("rlx-amp")
-        base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp"]
-        return [*base, str(model), "--policy", policy, "-o", str(out), "-q"]
     return [sys.executable, str(Path(__file__).resolve()), "--worker", name, str(model), str(out)]
+
+
+class Tree(NamedTuple):
+    """How one rlx contender starts: `label` is its contender name (rlx, rlx@REV), `base` the command
+    before the model path; env and cwd None: this process's. `module`: the rlx_onnx_amp/__init__.py
+    that env and cwd import (checked at start-up), when known."""
+
+    label: str
+    base: list[str]
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    module: str | None = None
+
+
+def _installed_tree() -> Tree:
+    exe = shutil.which("rlx-amp")
+    return Tree("rlx", [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp"])
+
+
+def _tree_at(label: str, root: Path, cwd: Path) -> Tree:
+    """`python3 -m rlx_onnx_amp` with PYTHONPATH=root, started in `cwd` (outside the repo, so the
+    current directory on sys.path imports nothing); fails unless it imports root's package. The
+    package is byte-compiled first: a fresh worktree has no __pycache__, and compiling it inside the
+    first timed run would charge that run."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "rlx_onnx_amp")], capture_output=True, check=False)
+    proc = subprocess.run([sys.executable, "-c", "import rlx_onnx_amp; print(rlx_onnx_amp.__file__)"], env=env,
+                          cwd=cwd, capture_output=True, text=True)
+    module = Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else None
+    if module is None or not module.is_relative_to(root.resolve()):
+        raise SystemExit(f"{label}: PYTHONPATH={root} imports rlx_onnx_amp from "
+                         f"{module or proc.stderr.strip()[-500:]}, not from {root}")
+    print(f"{label}: rlx_onnx_amp from {module}", flush=True)
+    return Tree(label, [sys.executable, "-m", "rlx_onnx_amp"], env, cwd, str(module))
+
+
+@contextlib.contextmanager
+def _worktree(rev: str) -> Iterator[tuple[Path, str]]:
+    """REV checked out (detached) into a temporary directory: yields (root, commit); the worktree
+    is removed on exit, also on error."""
+    with tempfile.TemporaryDirectory(prefix="rlx-amp-baseline-") as tmp:
+        root = Path(tmp) / "tree"
+        add = subprocess.run(["git", "worktree", "add", "-f", "--detach", str(root), rev], capture_output=True,
+                             text=True, cwd=REPO)
+        if add.returncode != 0:
+            raise SystemExit(f"git worktree add {rev} failed: {add.stderr.strip()}")
+        try:
+            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root, check=True)
+            yield root, head.stdout.strip()
+        finally:
+            rm = subprocess.run(["git", "worktree", "remove", "--force", str(root)], capture_output=True, text=True,
+                                cwd=REPO)
+            if rm.returncode != 0:
+                print(f"git worktree remove {root}: {rm.stderr.strip()}; removing it and pruning", flush=True)
+                shutil.rmtree(root, ignore_errors=True)
+                subprocess.run(["git", "worktree", "prune"], capture_output=True, cwd=REPO)
+
+
+def _safe(label: str) -> str:
+    """`label` as part of a file name (REV may hold / or ~)."""
+    return re.sub(r"[^\w.@+-]", "_", label)
+
+
+def _median_row(runs: list[dict]) -> dict:
+    """One row for the --repeat runs of one contender: median wall and cpu of the runs that
+    succeeded, the largest peak RSS, the first failure's status if any failed; every run under "runs"."""
+    if len(runs) == 1:
+        return runs[0]
+    ok = [r for r in runs if r["status"] == "ok"]
+    row = dict(ok[-1] if ok else runs[-1])
+    row["status"] = next((r["status"] for r in runs if r["status"] != "ok"), "ok")
+    if ok:
+        row["wall_s"] = round(statistics.median(r["wall_s"] for r in ok), 2)
+        cpu = [r["cpu_s"] for r in ok if r["cpu_s"] is not None]
+        row["cpu_s"] = round(statistics.median(cpu), 2) if cpu else None
+    rss = [r["peak_rss_mb"] for r in runs if r["peak_rss_mb"] is not None]
+    row["peak_rss_mb"] = max(rss) if rss else None
+    row["runs"] = [{k: r[k] for k in ("status", "wall_s", "cpu_s", "peak_rss_mb", "sync_s")} for r in runs]
+    return row
+
+
+def run_rlx(trees: list[Tree], model: Path, work: Path, prefix: str, tag: str, warm_paths: list[Path],
+            args: argparse.Namespace, log_dir: Path) -> list[dict]:
+    """rlx (and rlx@REV) --repeat times each, alternating, writing work/<prefix><label>.onnx; one row
+    per tree (`_median_row`), named label + tag."""
+    runs: dict[str, list[dict]] = {t.label: [] for t in trees}
+    for i in range(args.repeat):
+        for t in trees:
+            out = work / f"{prefix}{_safe(t.label)}.onnx"
+            cmd = [*t.base, str(model), "--policy", args.policy, "-o", str(out), "-q"]
+            name = _safe(t.label) + tag + (f"_r{i + 1}" if args.repeat > 1 else "")
+            runs[t.label].append(run_one(name, cmd, out, warm_paths, args.mem_gb, args.timeout, log_dir, t.env, t.cwd))
+            if not args.keep:
+                for p in _outputs(out):
+                    p.unlink(missing_ok=True)
+    rows = [_median_row(runs[t.label]) for t in trees]
+    for t, row in zip(trees, rows):
+        row["name"] = t.label + tag
+    return rows
+
+
+def _ratio(rows: list[dict]) -> dict:
+    """rlx / rlx@REV of wall time, from run_rlx's two rows."""
+    cur, base = rows
+    ok = cur["status"] == "ok" and base["status"] == "ok" and base["wall_s"] > 0
+    return {"rlx_s": cur["wall_s"], "baseline_s": base["wall_s"],
+            "ratio": round(cur["wall_s"] / base["wall_s"], 3) if ok else None}
+
+
+def _print_ratio(ratio: dict, trees: list[Tree], where: str, repeat: int) -> None:
+    what = f"median of {repeat} alternating runs each" if repeat > 1 else "one run each"
+    print(f"rlx / {trees[1].label}{where}: {_fmt(ratio['ratio'], '.3f')} "
+          f"({ratio['rlx_s']:.2f} s / {ratio['baseline_s']:.2f} s, {what})")
 
 
 def _machine() -> dict:
@@ -298,17 +421,17 @@ def _machine() -> dict:
     for mod in ("numpy", "onnx", "onnxruntime", "onnxconverter_common", "rlx_onnx_amp"):
         try:
             versions[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
+        except Exception:
             versions[mod] = None
     return {"cpus": os.cpu_count(), "mem_gib": mem, "python": platform.python_version(),
             "platform": platform.platform(), "versions": versions}
 
 
-def _fmt(v, spec: str) -> str:  # noqa: ANN001
+def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def mode_model(args: argparse.Namespace) -> dict:
+def mode_model(args: argparse.Namespace, trees: list[Tree]) -> dict:
     model = Path(args.model).resolve()
     import onnx
 
@@ -322,7 +445,13 @@ def mode_model(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="logs_", dir=work))
     results = []
+    ratio = None
     for name in args.contenders.split(","):
+        if name == "rlx":
+            rows = run_rlx(trees, model, work, "", "", [model, *data_files], args, log_dir)
+            results += rows
+            ratio = _ratio(rows) if len(trees) > 1 else None
+            continue
         out = work / f"{name}.onnx"
         res = run_one(name, _cmd(name, model, out, args.policy), out, [model, *data_files], args.mem_gb, args.timeout, log_dir)
         results.append(res)
@@ -336,13 +465,14 @@ def mode_model(args: argparse.Namespace) -> dict:
     print()
     print(f"f32 external data: {f32_bytes / 1e9:.3f} GB ({f32_bytes / (1 << 20):.0f} MiB); memory limit {args.mem_gb:g} GiB "
           f"(address space), timeout {args.timeout}s")
-    hdr = f"{'contender':<8} {'status':<10} {'wall s':>8} {'x floor':>8} {'peak RSS MB':>12} {'RSS/f32':>8} {'cpu s':>8} {'sync s':>7} {'out data MB':>12}"
+    cw = max(8, *(len(r["name"]) for r in results))
+    hdr = f"{'contender':<{cw}} {'status':<10} {'wall s':>8} {'x floor':>8} {'peak RSS MB':>12} {'RSS/f32':>8} {'cpu s':>8} {'sync s':>7} {'out data MB':>12}"
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         st = "ok" if r["status"] == "ok" else "FAILED"
         data_mb = (r.get("output") or {}).get("data_mb")
-        print(f"{r['name']:<8} {st:<10} {r['wall_s']:>8.1f} {_fmt(r['x_floor'], '.2f'):>8} {_fmt(r['peak_rss_mb'], '.0f'):>12} "
+        print(f"{r['name']:<{cw}} {st:<10} {r['wall_s']:>8.1f} {_fmt(r['x_floor'], '.2f'):>8} {_fmt(r['peak_rss_mb'], '.0f'):>12} "
               f"{_fmt(r['rss_frac_of_f32'], '.2f'):>8} {_fmt(r['cpu_s'], '.1f'):>8} {r['sync_s']:>7.1f} {_fmt(data_mb, '.1f'):>12}")
     for r in results:
         if r["status"] != "ok":
@@ -351,22 +481,34 @@ def mode_model(args: argparse.Namespace) -> dict:
         o = r.get("output") or {}
         if "init_elems_by_type" in o:
             print(f"  {r['name']}: initializer elements by type {o['init_elems_by_type']}, {o.get('nodes')} nodes, {o.get('casts')} Cast")
+    if ratio:
+        _print_ratio(ratio, trees, "", args.repeat)
     print(f"logs: {log_dir}")
     return {"mode": "model", "model": str(model), "f32_bytes": f32_bytes, "policy": args.policy, "mem_gb": args.mem_gb,
-            "timeout_s": args.timeout, "results": results}
+            "timeout_s": args.timeout, "results": results, **({"ratios": [ratio]} if ratio else {})}
 
 
-def mode_nodes(args: argparse.Namespace) -> dict:
+def _per_node(res: dict, nodes: int, startup_s: float | None = None) -> dict:
+    """Adds nodes and microseconds per node (also after the CLI's start-up, when given) to a row."""
+    ok = res["status"] == "ok"
+    res["nodes"] = nodes
+    res["us_per_node"] = round(res["wall_s"] / nodes * 1e6, 1) if ok else None
+    if ok and startup_s is not None:
+        res["us_per_node_after_startup"] = round((res["wall_s"] - startup_s) / nodes * 1e6, 1)
+    return res
+
+
+def mode_nodes(args: argparse.Namespace, trees: list[Tree]) -> dict:
     work = Path(args.work) / "node_scaling"
     work.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="logs_", dir=work))
     rows = []
     peer_limit = args.peers_max_nodes
+    ratios = []
     # Fixed cost of starting the CLI (interpreter + imports), to separate from per-node cost.
-    exe = shutil.which("rlx-amp")
-    base = [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp"]
-    startup = run_one("rlx_startup", [*base, "--version"], work / "none.onnx", [], args.mem_gb, 60, log_dir)
-    startup_s = startup["wall_s"] if startup["status"] == "ok" else 0.0
+    startups = {t.label: run_one(f"{_safe(t.label)}_startup", [*t.base, "--version"], work / "none.onnx", [], args.mem_gb,
+                                 60, log_dir, t.env, t.cwd) for t in trees}
+    startup_s = {label: s["wall_s"] if s["status"] == "ok" else 0.0 for label, s in startups.items()}
     for n in [int(s) for s in args.nodes.split(",")]:
         path = work / f"chain_{n}.onnx"
         t0 = time.perf_counter()
@@ -375,34 +517,48 @@ def mode_nodes(args: argparse.Namespace) -> dict:
               f"{meta['bytes'] / 1e6:.1f} MB in {time.perf_counter() - t0:.1f}s", flush=True)
         names = [c for c in args.contenders.split(",") if c != "floor"]
         for name in names:
-            if name != "rlx" and n > peer_limit:
+            if name == "rlx":
+                pair = run_rlx(trees, path, work, f"chain_{n}.", f"_{n}", [path], args, log_dir)
+                for t, res in zip(trees, pair):
+                    res["contender"] = t.label
+                    _per_node(res, meta["nodes"], startup_s[t.label])
+                rows += pair
+                if len(trees) > 1:
+                    ratios.append({"nodes": meta["nodes"], **_ratio(pair)})
+                continue
+            if n > peer_limit:
                 continue
             out = work / f"chain_{n}.{name}.onnx"
-            res = run_one(f"{name}_{n}", _cmd(name, path, out, args.policy), out, [path], args.mem_gb,
-                          args.timeout if name == "rlx" else args.peer_timeout, log_dir)
-            res.update({"contender": name, "nodes": meta["nodes"]})
-            res["us_per_node"] = round(res["wall_s"] / meta["nodes"] * 1e6, 1) if res["status"] == "ok" else None
-            if name == "rlx" and res["status"] == "ok":
-                res["us_per_node_after_startup"] = round((res["wall_s"] - startup_s) / meta["nodes"] * 1e6, 1)
-            rows.append(res)
+            res = run_one(f"{name}_{n}", _cmd(name, path, out, args.policy), out, [path], args.mem_gb, args.peer_timeout,
+                          log_dir)
+            res["contender"] = name
+            rows.append(_per_node(res, meta["nodes"]))
             for p in _outputs(out):
                 if not args.keep:
                     p.unlink(missing_ok=True)
     print()
-    print(f"rlx-amp --version (interpreter + imports): {startup_s:.2f}s, peak RSS {_fmt(startup.get('peak_rss_mb'), '.0f')} MB")
-    hdr = (f"{'contender':<8} {'nodes':>8} {'status':<8} {'wall s':>8} {'us/node':>9} {'us/node-startup':>16} "
+    for label, startup in startups.items():
+        print(f"{'rlx-amp' if label == 'rlx' else label} --version (interpreter + imports): {startup_s[label]:.2f}s, "
+              f"peak RSS {_fmt(startup.get('peak_rss_mb'), '.0f')} MB")
+    cw = max(8, *(len(r["contender"]) for r in rows)) if rows else 8
+    hdr = (f"{'contender':<{cw}} {'nodes':>8} {'status':<8} {'wall s':>8} {'us/node':>9} {'us/node-startup':>16} "
            f"{'peak RSS MB':>12} {'cpu s':>8}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         st = "ok" if r["status"] == "ok" else "FAILED"
-        print(f"{r['contender']:<8} {r['nodes']:>8} {st:<8} {r['wall_s']:>8.2f} {_fmt(r['us_per_node'], '.1f'):>9} "
+        print(f"{r['contender']:<{cw}} {r['nodes']:>8} {st:<8} {r['wall_s']:>8.2f} {_fmt(r['us_per_node'], '.1f'):>9} "
               f"{_fmt(r.get('us_per_node_after_startup'), '.1f'):>16} {_fmt(r['peak_rss_mb'], '.0f'):>12} {_fmt(r['cpu_s'], '.2f'):>8}")
     for r in rows:
         if r["status"] != "ok":
             print(f"  {r['name']}: {r['status']}")
+    for ratio in ratios:
+        _print_ratio(ratio, trees, f" at {ratio['nodes']} nodes", args.repeat)
     print(f"logs: {log_dir}")
-    return {"mode": "nodes", "policy": args.policy, "startup": startup, "rows": rows}
+    result = {"mode": "nodes", "policy": args.policy, "startup": startups["rlx"], "rows": rows}
+    if len(trees) > 1:
+        result.update({"baseline_startup": startups[trees[1].label], "ratios": ratios})
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=str(DEFAULT_WORK), help="scratch directory (outside the repo)")
     ap.add_argument("--keep", action="store_true", help="keep converted outputs")
     ap.add_argument("--json", help="JSON path (default bench/out/scale_<mode>.json)")
+    ap.add_argument("--baseline-rev", metavar="REV", help="also run rlx@REV: rlx-amp with the code of git revision REV")
+    ap.add_argument("--repeat", type=int, default=1, metavar="K",
+                    help="run rlx (and rlx@REV) K times each, alternating, and report the median wall")
     ap.add_argument("--worker", nargs=3, metavar=("KIND", "IN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -432,8 +591,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.contenders = args.contenders or "rlx,occ,ort"
         args.policy = args.policy or "auto-mixed"
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    if args.baseline_rev and "rlx" not in args.contenders.split(","):
+        ap.error("--baseline-rev needs rlx among --contenders")
     t0 = time.perf_counter()
-    result = mode_model(args) if args.model else mode_nodes(args)
+    if args.baseline_rev:
+        # SIGTERM ends the run through SystemExit, so the worktree is removed as on any error.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        with _worktree(args.baseline_rev) as (root, commit), tempfile.TemporaryDirectory(prefix="rlx-amp-cwd-") as cwd:
+            # Both run alike (python3 -m, PYTHONPATH, same cwd outside the repo) so only the code differs.
+            trees = [_tree_at("rlx", REPO, Path(cwd)), _tree_at(f"rlx@{args.baseline_rev}", root, Path(cwd))]
+            result = mode_model(args, trees) if args.model else mode_nodes(args, trees)
+        result["baseline"] = {"rev": args.baseline_rev, "commit": commit, "modules": {t.label: t.module for t in trees}}
+    else:
+        trees = [_installed_tree()]
+        result = mode_model(args, trees) if args.model else mode_nodes(args, trees)
+    result["repeat"] = args.repeat
     result["machine"] = _machine()
     result["total_s"] = round(time.perf_counter() - t0, 1)
     result["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
