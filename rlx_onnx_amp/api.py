@@ -71,6 +71,7 @@ def make_options(
     target: Target | str = Target.CUDA,
     shapes: Mapping[str, Sequence[int]] | None = None,
     cost: bool = True,
+    check_contracts: bool = False,
 ) -> ConvertOptions:
     import re
 
@@ -92,6 +93,7 @@ def make_options(
         target,
         {name: tuple(dims) for name, dims in (shapes or {}).items()},
         cost,
+        check_contracts,
     )
 
 

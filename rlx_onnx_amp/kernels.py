@@ -15,7 +15,8 @@ How onnxruntime places a node (and so what "loads" means here):
 - A node goes to the target provider when that provider has a kernel for its op, version and
   types; otherwise it falls back to the CPU provider.
 - On the CPU provider, a float16 node without an f16 kernel still loads: onnxruntime inserts
-  Casts and runs it in f32. There is no such fallback for bfloat16.
+  Casts and runs it in f32. There is no such fallback for bfloat16, nor for an op whose
+  output type an attribute gives (HannWindow's `output_datatype`): those need a real kernel.
 - On CUDA, a low-precision node whose op has a CUDA kernel in f32 only is kept in f32, so it
   stays on the GPU instead of falling back to the CPU.
 """
@@ -67,9 +68,15 @@ class Kernel:
     def serves(self, version: int) -> bool:
         return self.since <= version <= self.until
 
-    def takes(self, variables: Iterable[str], type_name: str) -> bool:
-        # A variable the kernel does not constrain takes any type.
-        return all(type_name in self.types[v] for v in variables if v in self.types)
+    def takes(self, variables: Iterable[str], type_name: str, others: Iterable[tuple[str, str]] = ()) -> bool:
+        """Whether it takes `variables` at `type_name` while the float variables `others` keep
+        their types (variable, type name): kernels are registered per combination (OneHot
+        has a bf16 `values` kernel only for integer `indices`). A variable the kernel does not
+        constrain takes any type."""
+        types = self.types
+        return all(type_name in types[v] for v in variables if v in types) and all(
+            name in types[v] for v, name in others if v in types
+        )
 
 
 @dataclass(frozen=True)
@@ -135,34 +142,49 @@ def kernel_table(target: Target) -> KernelTable:
 
 
 def _takes(
-    table: KernelTable, domain: str, op: str, version: int, variables: tuple[str, ...], precision: Precision
+    table: KernelTable,
+    domain: str,
+    op: str,
+    version: int,
+    variables: tuple[str, ...],
+    precision: Precision,
+    others: tuple[tuple[str, str], ...],
 ) -> bool | None:
-    """Whether a kernel of `table` takes `variables` in `precision`; None: no kernel at all."""
+    """Whether a kernel of `table` takes `variables` in `precision` beside `others`; None: no kernel at all."""
     serving = table.serving(domain, op, version)
     if not serving:
         return None
-    type_name = precision.info.type_str[len("tensor(") : -1]
-    return any(k.takes(variables, type_name) for k in serving)
+    return any(k.takes(variables, precision.info.onnx_name, others) for k in serving)
 
 
 @functools.lru_cache(maxsize=4096)
 def kernel_block(
-    target: Target, precision: Precision, domain: str, op: str, version: int, variables: tuple[str, ...]
+    target: Target,
+    precision: Precision,
+    domain: str,
+    op: str,
+    version: int,
+    variables: tuple[str, ...],
+    others: tuple[tuple[str, str], ...] = (),
+    typed_by_attribute: bool = False,
 ) -> str | None:
     """Why a node (`op` of `domain`, schema `version`) whose type `variables` would run in
-    `precision` cannot on `target`; None when it can."""
+    `precision`, its other float variables keeping their types (`others`: variable, ONNX type
+    name), cannot on `target`; None when it can. `typed_by_attribute`: an attribute gives its
+    output type (HannWindow's `output_datatype`), which onnxruntime's f16 fallback cannot
+    retype, so where the op has CPU kernels one must take the low type."""
     label = f"{op}-{version}"
     if target is Target.CUDA:
-        on_target = _takes(kernel_table(Target.CUDA), domain, op, version, variables, precision)
+        on_target = _takes(kernel_table(Target.CUDA), domain, op, version, variables, precision, others)
         if on_target is True:
             return None
         if on_target is False:
             return f"kernel: no {precision.value} {label} kernel on CUDAExecutionProvider"
     # The node runs on the CPU provider.
-    if precision is Precision.F16:
+    if precision is Precision.F16 and not typed_by_attribute:
         return None  # onnxruntime casts f16 nodes without an f16 CPU kernel to f32 itself
-    on_cpu = _takes(kernel_table(Target.CPU), domain, op, version, variables, precision)
-    if on_cpu:
-        return None
+    on_cpu = _takes(kernel_table(Target.CPU), domain, op, version, variables, precision, others)
+    if on_cpu or (on_cpu is None and precision is Precision.F16):
+        return None  # (no CPU kernel at all: a function, such as Bernoulli, that onnxruntime expands)
     where = "CPUExecutionProvider" if target is Target.CPU else "CUDAExecutionProvider or its CPU fallback"
     return f"kernel: no {precision.value} {label} kernel on {where}"

@@ -1,15 +1,14 @@
 """The mixed-precision rewrite (docs/design.md, "Rewrite rules").
 
-The pass runs in three sweeps over every graph scope (main graph and If/Loop/Scan bodies):
+The rewrite is three passes with contracts (`DecidePass`, `StorePass`, `EmitPass`; see
+`rlx_onnx_amp.passes`), each a sweep over every graph scope (main graph and If/Loop/Scan bodies)
+of one `Plan`:
 
-1. **Decide.** Each node gets a precision from its op kind through the policy, unless it is
-   kept in its original types because:
-   (a) its schema at the model's opset does not admit the target type for any of its float
-       type variables (a variable that does not admit it keeps its type alone, rule type-variable),
-   (b) the user said so (op type, node-name pattern, or node path from repair),
-   (c) the taxonomy does not know the op, or
-   (d) it holds a subgraph: control-flow interfaces keep their types, bodies are rewritten.
-   `Cast` keeps its `to` (rule cast-keeps-to); Constant/ConstantOfShape are sources (rule source-follows-consumers).
+1. **Decide.** Each node gets a precision from its op kind through the policy, unless a rule of
+   `KEEP_RULES` keeps its original types (the first that fires, in that order, decides); the
+   type variables of a lowered node are lowered unless a rule of `VARIABLE_RULES` keeps one
+   (Resize `scales`: rule type-variable). `Cast` keeps its `to` (rule cast-keeps-to);
+   Constant/ConstantOfShape are sources (rule source-follows-consumers).
 2. **Store.** Each float value gets a storage type: node outputs from their producer's
    decision; initializers and Constant values are narrowed in place when every consumer wants
    the same low precision (rule source-follows-consumers); graph inputs and outputs keep their type (rule io-types).
@@ -33,24 +32,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import functools
 import gc
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from rlx_onnx_amp.cost import estimate_cost
-from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.kernels import Target, kernel_block
+from rlx_onnx_amp.passes import Pass, PassResult, run_passes
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
-from rlx_onnx_amp.report import ConversionReport, KeptNode
-from rlx_onnx_amp.schema import OpSignature, signature
+from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
+from rlx_onnx_amp.schema import OpSignature, TypeGroup, signature
 from rlx_onnx_amp.taxonomy import (
     ANY_FLOAT_INPUTS,
     ATTRIBUTE_TYPED_VARS,
@@ -72,6 +73,7 @@ from rlx_onnx_amp.tensors import (
     NarrowBatch,
     WeightSink,
     WeightSource,
+    is_external,
     narrow,
     tensor_nbytes,
 )
@@ -81,6 +83,7 @@ from rlx_onnx_amp.types import (
     OUTPUT_TYPE_ATTRIBUTE,
     FreshNames,
     ScopeTypes,
+    all_tensors,
     constant_type,
     declared_types,
     infer_types,
@@ -90,7 +93,19 @@ from rlx_onnx_amp.types import (
     subgraphs,
 )
 
-__all__ = ["ConvertOptions", "NodeDecision", "convert_model"]
+__all__ = [
+    "ConvertOptions",
+    "DecidePass",
+    "EmitPass",
+    "KeepRule",
+    "NodeDecision",
+    "Plan",
+    "Stage",
+    "StorePass",
+    "VariableRule",
+    "conversion_passes",
+    "convert_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +113,7 @@ _F32 = TensorProto.FLOAT
 #: Ops (besides sources) whose attributes carry a type or a tensor that follows the node's precision.
 _ATTRIBUTE_RETYPED_OPS = frozenset(TYPED_TENSOR_ATTRIBUTES) | frozenset(TYPE_ATTRIBUTES)
 _TYPE_STR = {info.elem_type: info.type_str for info in PRECISIONS.values()}
+_TYPE_NAME = {info.elem_type: info.onnx_name for info in PRECISIONS.values()}
 #: Inserted Casts need an integer `to` (Cast-6) and a default domain onnxruntime implements (7+).
 _MIN_CAST_OPSET = 7
 
@@ -120,6 +136,10 @@ class ConvertOptions:
     #: Fill `ConversionReport.cost`: one shape inference over the graph (about 2.5 s per
     #: 100,000 nodes); the CLI turns it off when nothing would show it (-q and no report file).
     cost: bool = True
+    #: Check every pass's contract (`rlx_onnx_amp.passes`): onnx's full checker on the result
+    #: and a second conversion of it that must change nothing, among others. For tests and
+    #: for a model that looks mis-converted; a broken promise raises PassContractError.
+    check_contracts: bool = False
 
 
 @dataclass(slots=True)
@@ -338,6 +358,50 @@ KEEP_RULES: tuple[KeepRule, ...] = (
     KeepRule("no-schema", _no_schema),
 )
 NODE_RULES = tuple(r for r in KEEP_RULES if r.per_node)
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupFacts:
+    """What the variable rules read about one type variable of a node the policy lowers."""
+
+    group: TypeGroup
+    known: frozenset[int]  # the element types its values have (unknown ones left out)
+    target: Precision
+    attribute_typed: bool
+
+
+@dataclass(frozen=True)
+class VariableRule:
+    """One reason a type variable of a lowered node keeps its type (its inputs and outputs
+    stay as they are; the node lowers its other variables): `check` says whether it applies."""
+
+    code: str
+    check: Callable[[_GroupFacts], bool]
+
+
+def _attribute_typed(g: _GroupFacts) -> bool:
+    """An attribute fixes the variable's type (LayerNormalization's U follows `stash_type`)."""
+    return g.attribute_typed
+
+
+def _other_type(g: _GroupFacts) -> bool:
+    """Its values are not float, not known, or already at another precision than the target."""
+    return not g.known or not g.known <= {_F32, g.target.elem_type}
+
+
+def _not_admitted(g: _GroupFacts) -> bool:
+    """The schema does not admit the low type for it (Resize's `scales` is `tensor(float)`)."""
+    return _F32 in g.known and _TYPE_STR[g.target.elem_type] not in g.group.allowed
+
+
+#: Every reason a type variable keeps its type when its node is lowered, in order; a variable
+#: that none of them keeps is lowered. When every float variable is kept by `type-variable`, the node
+#: keeps its types with code schema-admits.
+VARIABLE_RULES: tuple[VariableRule, ...] = (
+    VariableRule("attribute-typed", _attribute_typed),
+    VariableRule("other-type", _other_type),
+    VariableRule("type-variable", _not_admitted),
+)
 _RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
 
 
@@ -372,6 +436,11 @@ class _Converter:
         self._cast_blocks: dict[Precision, str | None] = {}
         self.casts_inserted = 0
         self.casts_removed = 0  # rule idle-cast
+        # What the passes changed in the protobuf, so that each says so honestly (`passes`):
+        self.edits = 0  # rewired inputs, renamed outputs, retyped values, attributes and weights
+        self.saturated = 0  # f32 sources clamped to the low range (the store pass)
+        self.relocated = False  # unconverted weights moved into the sink's file
+        self.changed = False  # a Cast inserted or removed, or an edit: what the report says
         self.clamped: dict[str, ClampStats] = {}
         # Small float tensors are narrowed together at the end (one numpy pass per precision).
         self.batching = sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
@@ -739,27 +808,28 @@ class _Converter:
         cached = self._group_cache.get(key)
         if cached is not None:
             return cached
-        want = target.elem_type
         blocked: list[str] = []
         in_low: list[int] = []
         out_low: list[int] = []
         lowered_vars: list[str] = []
+        others: list[tuple[str, str]] = []  # float variables that keep their type, for the kernel lookup
         fixed_vars = (
             ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in DEFAULT_DOMAINS else frozenset()
         )
         for g in sig.groups:
-            if g.var in fixed_vars:
-                continue
             members = [in_types[k] for k in g.inputs if k not in any_inputs] + [out_types[k] for k in g.outputs]
-            known = {t for t in members if t is not None}
-            if not known or not known <= {_F32, want}:
-                continue  # non-float, unknown, or already another precision: left alone
-            if _F32 in known and _TYPE_STR[want] not in g.allowed:
-                blocked.append(g.var.split("#")[0])
+            facts = _GroupFacts(g, frozenset(t for t in members if t is not None), target, g.var in fixed_vars)
+            var = g.var.split("#")[0]
+            kept_by = next((rule.code for rule in VARIABLE_RULES if rule.check(facts)), None)
+            if kept_by is None:
+                in_low.extend(k for k in g.inputs if k not in any_inputs)
+                out_low.extend(g.outputs)
+                lowered_vars.append(var)
                 continue
-            in_low.extend(k for k in g.inputs if k not in any_inputs)
-            out_low.extend(g.outputs)
-            lowered_vars.append(g.var.split("#")[0])
+            if kept_by == "type-variable":
+                blocked.append(var)
+            if len(facts.known) == 1 and (kept := _TYPE_NAME.get(next(iter(facts.known)))):
+                others.append((var, kept))
         reason = code = None
         if not in_low and not out_low and blocked:
             blocked_text = ", ".join(sorted(set(blocked)))
@@ -773,6 +843,8 @@ class _Converter:
                 node.op_type,
                 sig.since_version,
                 tuple(lowered_vars),
+                tuple(others),
+                node.op_type in TYPE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS,
             )
             if reason:
                 in_low, out_low, code = [], [], "kernel-table"
@@ -933,6 +1005,7 @@ class _Converter:
                 resolved = owner.rename.get(name, name) if owner is not None else name
             if resolved != name:
                 node.input[k] = resolved
+                self.edits += 1
 
     def _rename_outputs(self, scope: _Scope, i: int, d: NodeDecision, back: dict[str, tuple[str, int]]) -> None:
         """Node i's renamed outputs, and the Cast back to a graph output it computes low."""
@@ -940,6 +1013,7 @@ class _Converter:
         for k, name in enumerate(d.outputs):
             if name in rename:
                 d.node.output[k] = rename[name]
+                self.edits += 1
                 if name in back:
                     low_name, want = back[name]
                     self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, 3 * i + 2)
@@ -951,6 +1025,7 @@ class _Converter:
             resolved = self.resolve(scope, out.name, want, 3 * count)
             if resolved != out.name:
                 out.name = resolved
+                self.edits += 1
                 if not out.type.HasField("tensor_type") and want is not None:
                     out.type.tensor_type.elem_type = want
 
@@ -1018,16 +1093,20 @@ class _Converter:
         for attr in node.attribute:
             if attr.name in TYPED_TENSOR_ATTRIBUTES.get(node.op_type, ()) and attr.t.data_type == _F32 and d.precision:
                 self._narrow_tensor(attr.t, d.precision, f"{d.label}.{attr.name}")
+                self.edits += 1
         type_attr = TYPE_ATTRIBUTES.get(node.op_type)
         if type_attr and 0 in d.output_types:
             attrs = {a.name: a for a in node.attribute}
-            if type_attr in attrs:
-                attrs[type_attr].i = elem
-            else:
+            if type_attr not in attrs:
                 node.attribute.append(helper.make_attribute(type_attr, elem))
+                self.edits += 1
+            elif attrs[type_attr].i != elem:
+                attrs[type_attr].i = elem
+                self.edits += 1
 
     def _retype_source(self, node: NodeProto, attr_name: str, precision: Precision | None, scope: _Scope) -> None:
         assert precision is not None
+        self.edits += 1  # an f32 value (the store pass lowers no other) becomes low
         attrs = {a.name: a for a in node.attribute}
         if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR:
             self._narrow_tensor(attrs[attr_name].t, precision, node.output[0])
@@ -1074,6 +1153,7 @@ class _Converter:
         stats = ClampStats(int(past.sum()), float(values[past][np.argmax(np.abs(values[past]))]), 0)
         self._record_clamp(d.outputs[0], stats)
         self.sink.store(attr.t, np.where(past, np.copysign(limit, values), values).astype(np.float32), _F32)
+        self.saturated += 1
 
     def _batch(self, precision: Precision) -> NarrowBatch:
         batch = self._batches.get(precision)
@@ -1102,26 +1182,35 @@ class _Converter:
 
     def _retype_declarations(self, scope: _Scope) -> None:
         graph = scope.graph
+        storage = scope.storage
         for vi in graph.value_info:
-            elem = scope.storage.get(vi.name)
+            elem = storage.get(vi.name)
             if elem and vi.type.HasField("tensor_type"):
-                vi.type.tensor_type.elem_type = elem
+                self._retype(vi, elem)
         if scope.parent is None and not self.options.keep_io_types:
             for vi in (*graph.input, *graph.output):
                 elem = scope.storage_type(vi.name)
                 if elem and vi.type.HasField("tensor_type") and _is_float(elem):
-                    vi.type.tensor_type.elem_type = elem
+                    self._retype(vi, elem)
         # IR < 4: initializers are also graph inputs; their declaration follows the weight.
         inits = {t.name for t in graph.initializer}
         for vi in graph.input:
-            if vi.name in inits and vi.name in scope.storage:
-                vi.type.tensor_type.elem_type = scope.storage[vi.name]
+            if vi.name in inits and vi.name in storage:
+                self._retype(vi, storage[vi.name])
+
+    def _retype(self, vi: onnx.ValueInfoProto, elem: int) -> None:
+        tensor_type = vi.type.tensor_type
+        if tensor_type.elem_type != elem:
+            tensor_type.elem_type = elem
+            self.edits += 1
 
     def _convert_initializers(self, scope: _Scope) -> None:
         for init in scope.graph.initializer:
             before = tensor_nbytes(init)
             self.report.initializer_bytes_before += before
             target = scope.storage.get(init.name)
+            if target is not None and target != init.data_type:
+                self.edits += 1
             if not self.weights:
                 if target is not None and target != init.data_type:
                     init.data_type = target  # for the cost model only: a dry run's data stays as it was
@@ -1144,13 +1233,16 @@ class _Converter:
                 self._record_clamp(init.name, stats)
                 self.report.initializer_bytes_after += written
             else:
+                moved = is_external(init)
                 self.sink.copy_through(init, self.source)
+                self.relocated = self.relocated or moved or is_external(init)
                 self.report.initializer_bytes_after += before
             if self.progress is not None:
                 self.progress(before)
 
     # ---- driver ------------------------------------------------------------------------
-    def run(self) -> None:
+    def decide(self) -> _Scope:
+        """Sweep 1 over the whole model: the main scope, every node decided."""
         graph = self.model.graph
         self._collect_names(graph)
         names = set(self.used_names)
@@ -1167,11 +1259,16 @@ class _Converter:
             types = infer_types(self.model)
             main = _Scope(graph, "", None, types.get("", {}))
             self.decide_scope(main, types)
-        self.store_scope(main)
+        return main
+
+    def emit(self, main: _Scope) -> bool:
+        """Sweep 3 over the whole model, and the report; whether the model's protobuf changed."""
         self.emit_scope(main)
         if self.casts_inserted:
             self._ensure_default_opset()
+        self.changed = bool(self.casts_inserted or self.casts_removed or self.edits)
         self._fill_report(main)
+        return self.changed or self.relocated
 
     def _ensure_default_opset(self) -> None:
         """Inserted Casts live in the default domain; a model that imports only another domain
@@ -1188,13 +1285,9 @@ class _Converter:
         tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
         decisions, kept, keepable = report.decisions, report.kept_f32, report.keepable
 
-        lowered = False  # a node the policy put in low precision
-
         def walk(scope: _Scope) -> None:  # node by node, each body right after the node that holds it
-            nonlocal lowered
             children = scope.children
             for i, d in enumerate(scope.decisions):
-                lowered = lowered or d.precision is not None
                 prec = d.precision.value if d.precision is not None else _reported_precision(d, scope)
                 tally[(d.kind, d.domain, d.op, prec)] += 1  # counted per kind and op below, once per distinct row
                 decisions[d.path] = prec or "none"
@@ -1214,14 +1307,174 @@ class _Converter:
                 unknown.append(op)
         report.casts_inserted = self.casts_inserted
         report.casts_removed = self.casts_removed
-        report.changed = bool(
-            self.casts_inserted
-            or self.casts_removed
-            or lowered
-            or report.initializer_bytes_after != report.initializer_bytes_before
-        )
+        report.changed = self.changed
         report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
         report.unknown_ops = sorted(set(unknown))
+
+
+class Stage(enum.IntEnum):
+    """Where a plan stands: each pass needs one stage and leaves the plan at the next."""
+
+    NEW = 0
+    DECIDED = 1  # every node has its decision
+    STORED = 2  # every float value has its storage type
+    EMITTED = 3  # the model is rewritten
+
+
+@dataclass
+class Plan:
+    """The rewrite's decisions beside the model they are about: the main scope holds each
+    node's `NodeDecision`, each value's original and storage type, and its bodies' scopes."""
+
+    model: ModelProto
+    main: _Scope | None = None
+    stage: int = Stage.NEW
+
+    def scopes(self) -> Iterator[_Scope]:
+        """The main scope and every body's, each body after the scope that holds it."""
+        pending = [self.main] if self.main is not None else []
+        while pending:
+            scope = pending.pop()
+            yield scope
+            for children in scope.children.values():
+                pending.extend(children)
+
+
+class DecidePass(Pass[Plan]):
+    """Sweep 1: each node's precision, or the rule of `KEEP_RULES` that keeps its types.
+
+    Requires a graph with nodes or outputs. Ensures one decision per node, in node order, in
+    every scope; a reason exactly when a code from `REASON_CODES`; lowered only float values
+    that were f32 or already at the node's precision. Does not modify the model."""
+
+    name, needs_stage, gives_stage = "decide", Stage.NEW, Stage.DECIDED
+
+    def __init__(self, converter: _Converter) -> None:
+        self.cv = converter
+
+    def requires(self, plan: Plan) -> None:
+        if not plan.model.graph.node and not plan.model.graph.output:
+            self.fail("needs a graph with nodes or outputs")
+
+    def call(self, plan: Plan) -> PassResult:
+        plan.main = self.cv.decide()
+        return PassResult(modified=False)
+
+    def ensures(self, plan: Plan) -> None:
+        for scope in plan.scopes():
+            if len(scope.decisions) != len(scope.graph.node):
+                self.fail(f"scope {scope.path!r}: {len(scope.decisions)} decisions for {len(scope.graph.node)} nodes")
+            for i, (d, node) in enumerate(zip(scope.decisions, scope.graph.node)):
+                if d.path != f"{scope.path}{i}" or d.op != node.op_type:
+                    self.fail(f"decision {d.path} ({d.op}) is not about node {i} ({node.op_type}) of {scope.path!r}")
+                self._check_decision(scope, d)
+
+    def _check_decision(self, scope: _Scope, d: NodeDecision) -> None:
+        if (d.reason is None) != (d.code is None) or (d.code is not None and d.code not in REASON_CODES):
+            self.fail(f"{d.label}: reason {d.reason!r} with code {d.code!r}")
+        low = d.precision.elem_type if d.precision is not None else None
+        lowered = [(d.inputs[k], t) for k, t in d.input_types.items() if t is not None]
+        lowered += [(d.outputs[k], t) for k, t in d.output_types.items()]
+        for name, elem in lowered:
+            if elem != low or scope.orig_type(name) not in (_F32, low, None):
+                self.fail(
+                    f"{d.label}: {name!r} lowered to {elem} (node at {d.precision}, value {scope.orig_type(name)})"
+                )
+        if d.precision is not None and (d.reason is not None or not lowered):
+            self.fail(f"{d.label}: at {d.precision.value} with nothing lowered, or with a reason to keep it")
+
+
+class StorePass(Pass[Plan]):
+    """Sweep 2: each float value's storage type; sources and initializers take their
+    consumers' precision (rule source-follows-consumers).
+
+    Requires decided nodes. Ensures storage types only on float values that were f32, and
+    graph inputs (other than IR 3's weights) at their declared type under keep_io_types.
+    Modifies the model only to clamp an f32 Constant that its low readers cast down (counted
+    in `modified`)."""
+
+    name, needs_stage, gives_stage = "store", Stage.DECIDED, Stage.STORED
+
+    def __init__(self, converter: _Converter) -> None:
+        self.cv = converter
+
+    def call(self, plan: Plan) -> PassResult:
+        assert plan.main is not None
+        self.cv.store_scope(plan.main)
+        return PassResult(modified=self.cv.saturated > 0)
+
+    def ensures(self, plan: Plan) -> None:
+        for scope in plan.scopes():
+            for name, elem in scope.storage.items():
+                was = scope.orig.get(name)
+                if elem not in FLOAT_TYPES or was not in (_F32, elem):
+                    self.fail(f"{name!r} stored as {elem}, was {was}: only f32 values change type")
+        main = plan.main
+        assert main is not None
+        if self.cv.options.keep_io_types:
+            weights = {t.name for t in main.graph.initializer}  # IR < 4 declares them as inputs too
+            for vi in main.graph.input:
+                if vi.name not in weights and main.storage.get(vi.name, main.orig.get(vi.name)) != main.orig.get(
+                    vi.name
+                ):
+                    self.fail(f"graph input {vi.name!r} retyped under keep_io_types")
+
+
+class EmitPass(Pass[Plan]):
+    """Sweep 3: the model rewritten: Casts inserted, values, attributes and weights retyped.
+
+    Requires stored types. Ensures a model onnx's full checker accepts (when its weights are
+    inline), non-float values and weights at their old types, and idempotence: converting the
+    result again under the same policy and options changes nothing (except with node-path
+    keeps, whose paths are the input's). `modified` is the report's `changed`, or weights moved
+    into the sink's file."""
+
+    name, needs_stage, gives_stage = "emit", Stage.STORED, Stage.EMITTED
+
+    def __init__(self, converter: _Converter) -> None:
+        self.cv = converter
+        self.fixed: dict[str, int] = {}
+
+    def requires(self, plan: Plan) -> None:
+        self.fixed = _fixed_types(plan.model)
+
+    def call(self, plan: Plan) -> PassResult:
+        assert plan.main is not None
+        return PassResult(modified=self.cv.emit(plan.main))
+
+    def ensures(self, plan: Plan) -> None:
+        model = plan.model
+        after = _fixed_types(model)
+        moved = {name: (elem, after[name]) for name, elem in self.fixed.items() if after.get(name, elem) != elem}
+        if moved:
+            self.fail(f"non-f32 values retyped: {moved}")
+        if not any(is_external(t) for t in all_tensors(model)):
+            try:
+                onnx.checker.check_model(model, full_check=True)
+            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+                self.fail(f"the result fails onnx's checker: {first_line(e)}")
+        options = self.cv.options
+        if not options.keep_f32_paths:
+            again, report = ModelProto(), ConversionReport()
+            again.CopyFrom(model)
+            convert_model(
+                again, self.cv.policy, replace(options, cost=False, check_contracts=False), report=report, weights=False
+            )
+            if report.changed:
+                self.fail(
+                    f"converting the result again changes it ({report.casts_inserted} Casts inserted, "
+                    f"{report.casts_removed} removed)"
+                )
+
+
+def _fixed_types(model: ModelProto) -> dict[str, int]:
+    """The element types of every weight and graph input/output that is not f32, by name."""
+    fixed = {t.name: t.data_type for t in all_tensors(model) if t.name and t.data_type != _F32}
+    for vi in (*model.graph.input, *model.graph.output):
+        elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if elem and elem != _F32:
+            fixed[vi.name] = elem
+    return fixed
 
 
 @functools.cache
@@ -1286,22 +1539,50 @@ def convert_model(
     run for `inspect`: the model is for counting, not for saving).
     `progress`, if given, is called with the bytes of each initializer once it is written.
     """
-    if isinstance(policy, str):
-        policy = policy_from_name(policy)
     options = options or ConvertOptions()
     report = report or ConversionReport()
+    plan, passes = _plan(
+        model, policy, options, report, source or WeightSource(None), sink or WeightSink(), weights, progress
+    )
+    with _gc_paused():
+        run_passes(plan, passes, options.check_contracts)
+        if options.cost:
+            report.cost = estimate_cost(model, options.shapes)
+    return report
+
+
+def conversion_passes(
+    model: ModelProto,
+    policy: Policy | str = "auto-mixed",
+    options: ConvertOptions | None = None,
+    report: ConversionReport | None = None,
+) -> tuple[Plan, tuple[DecidePass, StorePass, EmitPass]]:
+    """A new plan for `model` and the three passes that rewrite it in place, weights inline
+    (`convert_model` runs them in order): to run, inspect or test one at a time. The emit
+    pass fills `report`."""
+    return _plan(
+        model, policy, options or ConvertOptions(), report or ConversionReport(), WeightSource(None), WeightSink(), True
+    )
+
+
+def _plan(
+    model: ModelProto,
+    policy: Policy | str,
+    options: ConvertOptions,
+    report: ConversionReport,
+    source: WeightSource,
+    sink: WeightSink,
+    weights: bool,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Plan, tuple[DecidePass, StorePass, EmitPass]]:
+    if isinstance(policy, str):
+        policy = policy_from_name(policy)
     report.policy = policy
     report.target = options.target.value
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
-    converter = _Converter(
-        model, policy, options, source or WeightSource(None), sink or WeightSink(), report, weights, progress
-    )
-    with _gc_paused():
-        converter.run()
-        if options.cost:
-            report.cost = estimate_cost(model, options.shapes)
-    return report
+    converter = _Converter(model, policy, options, source, sink, report, weights, progress)
+    return Plan(model), (DecidePass(converter), StorePass(converter), EmitPass(converter))
 
 
 @contextlib.contextmanager

@@ -453,7 +453,11 @@ SOURCE_VALUE_ATTRIBUTES: Mapping[str, str] = {
 #: is lowered the attribute is rewritten to agree (rule typed-attributes).
 TYPE_ATTRIBUTES: Mapping[str, str] = {
     "Bernoulli": "dtype",
+    "BlackmanWindow": "output_datatype",
     "EyeLike": "dtype",
+    "HammingWindow": "output_datatype",
+    "HannWindow": "output_datatype",
+    "MelWeightMatrix": "output_datatype",
     "RandomNormal": "dtype",
     "RandomNormalLike": "dtype",
     "RandomUniform": "dtype",

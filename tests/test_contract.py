@@ -260,7 +260,8 @@ def test_design_rules_cited_in_code_exist() -> None:
     for path in (REPO / "rlx_onnx_amp").rglob("*.py"):
         cited |= set(re.findall(r"\brule ([a-z][a-z-]+[a-z])", path.read_text()))
     assert cited, "no rule citations found"
-    missing = sorted(name for name in cited if f"**{name}**" not in design)
+    # A rule is a bullet (**name**) or a row of the keep-rule and variable-rule tables.
+    missing = sorted(name for name in cited if f"**{name}**" not in design and f"| `{name}` |" not in design)
     assert not missing, f"comments cite rules docs/design.md does not name: {missing}"
 
 

@@ -65,19 +65,44 @@ def test_no_import_cycle_in_the_package() -> None:
     assert cycles == [], cycles
 
 
-def test_reason_codes_match_the_design_table() -> None:
-    """docs/design.md's table of reason codes is REASON_CODES, in order, with the same words."""
+def _design_table(after: str) -> list[tuple[str, str, str]]:
+    """The (code, reason, example) rows of the first table after `after` in docs/design.md."""
     import re
 
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    section = design[design.index(after) :]
+    section = section[: section.index("\n\n", section.index("| code |"))]
+    return [(c, r.replace("`", ""), e) for c, r, e in re.findall(r"^\s*\| `([a-z-]+)` \| (.+?) \| (.*?) \|$", section, re.M)]
+
+
+def test_reason_codes_match_the_design_table() -> None:
+    """docs/design.md's table of keep rules is REASON_CODES, in order, with the same words and
+    an example each."""
     from rlx_onnx_amp.report import REASON_CODES
 
-    design = (PACKAGE.parent / "docs" / "design.md").read_text()
-    section = design[design.index("**Reason codes**") : design.index("- **type-variable**")]
-    table = re.findall(r"^\s*\| `([a-z-]+)` \| (.+?) \|$", section, re.M)
+    table = _design_table("**Keep rules**")
     for code, text in REASON_CODES.items():
         print(f"{code:18s} {text}")
-    assert [code for code, _ in table] == list(REASON_CODES)
-    assert {code: text.replace("`", "") for code, text in table} == REASON_CODES
+    assert [code for code, _, _ in table] == list(REASON_CODES)
+    assert {code: text for code, text, _ in table} == REASON_CODES
+    assert all(len(example) > 10 for _, _, example in table)
+
+
+def test_variable_rules_match_the_design_table() -> None:
+    """rewrite.VARIABLE_RULES, in order, is docs/design.md's table of variable rules, each
+    with its docstring's words (its example in parentheses aside) and an example."""
+    import re
+
+    from rlx_onnx_amp.rewrite import VARIABLE_RULES
+
+    table = _design_table("**Variable rules**")
+    for rule in VARIABLE_RULES:
+        print(f"{rule.code:18s} {rule.check.__doc__}")
+    assert [code for code, _, _ in table] == [r.code for r in VARIABLE_RULES]
+    for (_, text, example), rule in zip(table, VARIABLE_RULES):
+        doc = re.sub(r" \(.*\)", "", (rule.check.__doc__ or "").strip()).rstrip(".")
+        assert doc.lower() == text.lower(), rule.code
+        assert len(example) > 10
 
 
 def test_the_rule_list_is_the_precedence_of_the_reason_codes() -> None:

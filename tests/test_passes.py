@@ -1,0 +1,167 @@
+"""The rewrite as three passes with contracts (rlx_onnx_amp/passes.py, docs/design.md "Passes"):
+each runs alone, says honestly whether it modified the model, and its contract catches a
+plan or a result that breaks its promises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.backend.test
+import pytest
+from onnx import TensorProto, helper
+
+from fixtures.make_fixtures import BROKEN_IN_F16, COST_CASES, HEALTHY, REPAIR_CASES
+from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp.passes import Pass, PassContractError, PassResult, fingerprint, run_passes
+from rlx_onnx_amp.rewrite import ConvertOptions, EmitPass, Plan, Stage, conversion_passes, convert_model
+from tests.helpers import POLICIES, feeds_for, run
+
+FIXTURES = {**HEALTHY, **BROKEN_IN_F16, **REPAIR_CASES, **COST_CASES}
+LIGHT = sorted((Path(onnx.backend.test.__file__).parent / "data" / "light").glob("*.onnx"))
+CHECKED = ConvertOptions(check_contracts=True)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_every_fixture_keeps_every_pass_contract_under_every_policy(name: str) -> None:
+    """Contracts on: the checker accepts each result, converting it again changes nothing,
+    the report's `changed` matches the model's bytes; and under always-f32, which changes
+    nothing, the result computes exactly what the model does."""
+    fixture = FIXTURES[name]()
+    feeds = feeds_for(fixture, fixture.model)
+    reference = run(fixture.model, feeds)
+    for policy in POLICIES:
+        model = onnx.ModelProto()
+        model.CopyFrom(fixture.model)
+        report = convert_model(model, policy, CHECKED)
+        assert report.changed == (fingerprint(model) != fingerprint(fixture.model)), policy
+        if policy == "always-f32":
+            for got, want in zip(run(model, feeds), reference):
+                np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("path", LIGHT, ids=[p.stem for p in LIGHT])
+def test_onnx_light_models_keep_every_pass_contract(path: Path) -> None:
+    model = onnx.load(str(path))
+    for policy in ("always-f16", "auto-mixed", "auto-mixed-bf16"):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        convert_model(copy, policy, CHECKED)
+
+
+def _passes(name: str = "transformer_block", policy: str = "always-f16") -> tuple[onnx.ModelProto, Plan, tuple]:
+    model = HEALTHY[name]().model
+    plan, passes = conversion_passes(model, policy, ConvertOptions())
+    return model, plan, passes
+
+
+def test_each_pass_runs_alone_and_says_honestly_whether_it_modified_the_model() -> None:
+    model, plan, (decide, store, emit) = _passes()
+    before = fingerprint(model)
+    assert decide(plan, check=True).modified is False and plan.stage == Stage.DECIDED
+    assert fingerprint(model) == before
+    scopes = list(plan.scopes())
+    assert sum(len(s.decisions) for s in scopes) == sum(len(s.graph.node) for s in scopes) > 0
+    assert any(d.precision is not None for d in scopes[0].decisions)  # always-f16 lowers the block
+    assert store(plan, check=True).modified is False and plan.stage == Stage.STORED
+    assert fingerprint(model) == before and scopes[0].storage  # types chosen, nothing written yet
+    assert emit(plan, check=True).modified is True and plan.stage == Stage.EMITTED
+    assert fingerprint(model) != before
+    assert any(n.op_type == "Cast" for n in model.graph.node)
+
+    # always-f32 decides, stores and emits without touching a byte, and says so.
+    model, plan, passes = _passes(policy="always-f32")
+    before = fingerprint(model)
+    assert run_passes(plan, passes, check=True) is False and fingerprint(model) == before
+
+
+def test_a_converted_model_converted_again_says_it_changed_nothing() -> None:
+    for name in ("transformer_block", "conv_net", "control_flow"):
+        once = convert(HEALTHY[name]().model, "always-f16")
+        report = ConversionReport()
+        twice = convert(once, "always-f16", report=report, check_contracts=True)
+        assert not report.changed and twice.SerializeToString() == once.SerializeToString(), name
+
+
+def test_passes_refuse_to_run_out_of_order() -> None:
+    _, plan, (decide, store, emit) = _passes()
+    with pytest.raises(PassContractError, match="pass store: needs a plan at stage 1, got one at stage 0"):
+        store(plan)
+    decide(plan)
+    with pytest.raises(PassContractError, match="pass emit: needs a plan at stage 2"):
+        emit(plan)
+    with pytest.raises(PassContractError, match="pass decide: needs a plan at stage 0"):
+        decide(plan)
+
+
+class _Sneaky(Pass[Plan]):
+    """Renames a node but says it modified nothing."""
+
+    name, needs_stage, gives_stage = "sneaky", Stage.NEW, Stage.DECIDED
+
+    def call(self, plan: Plan) -> PassResult:
+        plan.model.graph.node[0].name = "renamed"
+        return PassResult(modified=False)
+
+
+def test_a_pass_that_hides_a_modification_breaks_its_contract() -> None:
+    model = HEALTHY["conv_net"]().model
+    with pytest.raises(PassContractError, match="pass sneaky: says modified=False, but the model changed"):
+        _Sneaky()(Plan(model), check=True)
+    _Sneaky()(Plan(HEALTHY["conv_net"]().model), check=False)  # contracts off: not checked
+
+
+def test_the_decide_contract_catches_a_decision_that_lowers_an_integer() -> None:
+    _, plan, (decide, _, _) = _passes("transformer_block")
+    decide(plan)
+    assert plan.main is not None
+    reshape = next(d for d in plan.main.decisions if d.op == "Reshape")  # input 1 is int64 shape
+    decide.ensures(plan)  # as decided: holds
+    reshape.input_types[1] = TensorProto.FLOAT16
+    with pytest.raises(PassContractError, match=r"pass decide: .*lowered to 10"):
+        decide.ensures(plan)
+
+
+def test_the_store_contract_catches_an_integer_given_a_low_storage_type() -> None:
+    _, plan, (decide, store, _) = _passes("transformer_block")
+    decide(plan)
+    store(plan)
+    assert plan.main is not None
+    integer = next(t.name for t in plan.main.graph.initializer if t.data_type == TensorProto.INT64)
+    store.ensures(plan)
+    plan.main.storage[integer] = TensorProto.FLOAT16
+    with pytest.raises(PassContractError, match=f"pass store: '{integer}' stored as 10, was 7"):
+        store.ensures(plan)
+
+
+def _emitted(name: str) -> tuple[onnx.ModelProto, Plan, EmitPass]:
+    """A fixture through the three passes, contracts unchecked, the emit pass's `requires` run."""
+    model, plan, (decide, store, emit) = _passes(name)
+    decide(plan)
+    store(plan)
+    emit.requires(plan)
+    emit(plan)
+    return model, plan, emit
+
+
+def test_the_emit_contract_catches_a_result_that_is_not_idempotent() -> None:
+    model, plan, emit = _emitted("conv_net")
+    emit.ensures(plan)  # as emitted: holds
+    # A Cast of an f32 graph input to f32: valid, but the next conversion removes it.
+    model.graph.node.append(helper.make_node("Cast", [model.graph.input[0].name], ["idle"], to=TensorProto.FLOAT))
+    with pytest.raises(PassContractError, match="pass emit: converting the result again changes it"):
+        emit.ensures(plan)
+
+
+def test_the_emit_contract_catches_a_retyped_integer_and_a_result_the_checker_refuses() -> None:
+    model, plan, emit = _emitted("transformer_block")
+    emit.ensures(plan)
+    integer = next(t for t in model.graph.initializer if t.data_type == TensorProto.INT64)
+    integer.data_type = TensorProto.INT32
+    with pytest.raises(PassContractError, match=f"pass emit: non-f32 values retyped: .'{integer.name}': .7, 6"):
+        emit.ensures(plan)
+    integer.data_type = TensorProto.INT64
+    model.graph.node[0].input.append("no_such_value")
+    with pytest.raises(PassContractError, match="pass emit: the result fails onnx's checker"):
+        emit.ensures(plan)

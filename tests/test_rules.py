@@ -1,0 +1,205 @@
+"""The minimal example of each keep rule and variable rule of docs/design.md, built and
+converted: the rule's code in the report (or the variable's type in the plan), the result
+valid, and, where onnxruntime can run the model, its outputs against the original's."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp.report import REASON_CODES
+from rlx_onnx_amp.rewrite import VARIABLE_RULES, ConvertOptions, conversion_passes
+from tests.helpers import assert_close, run
+
+F, H = TensorProto.FLOAT, TensorProto.FLOAT16
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, inits: list | None = None,
+           opset: int = 21, extra: tuple = ()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "rule", inputs, outputs, inits or [])
+    imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=helper.find_min_ir_version_for(imports[:1]))
+
+
+def _codes(model: onnx.ModelProto, policy: str, **options: object) -> tuple[dict[str, str | None], onnx.ModelProto]:
+    """Op type -> the code that kept it, and the converted model (checked by the pass contracts)."""
+    report = ConversionReport()
+    out = convert(model, policy, report=report, check_contracts=True, **options)
+    return {k.op: k.code for k in report.kept_f32}, out
+
+
+def _same_numbers(model: onnx.ModelProto, out: onnx.ModelProto, feeds: dict[str, np.ndarray], tol: float = 1e-2) -> None:
+    assert_close(run(model, feeds), run(out, feeds), atol=tol, rtol=tol)
+
+
+X = helper.make_tensor_value_info("x", F, [2, 3])
+Y = helper.make_tensor_value_info("y", F, [2, 3])
+FEEDS = {"x": np.random.default_rng(0).uniform(-1, 1, (2, 3)).astype(np.float32)}
+
+
+def test_non_tensor() -> None:
+    model = _model([helper.make_node("SequenceConstruct", ["x", "x"], ["s"]),
+                    helper.make_node("SequenceAt", ["s", "zero"], ["y"])], [X], [Y],
+                   [numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    codes, out = _codes(model, "always-f16")
+    assert codes["SequenceConstruct"] == "non-tensor"
+    _same_numbers(model, out, FEEDS, tol=0)
+
+
+def test_control_flow() -> None:
+    w = numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")
+    then = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", F, [2, 3])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", F, [2, 3])])
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], [X, cond], [Y], [w])
+    report = ConversionReport()
+    out = convert(model, "always-f16", report=report, check_contracts=True)
+    assert {k.op: k.code for k in report.kept_f32}["If"] == "control-flow"
+    assert report.decisions["0/then_branch/0"] == "f16"  # the MatMul inside goes f16
+    for c in (True, False):
+        _same_numbers(model, out, {**FEEDS, "c": np.array(c)})
+
+
+def test_unknown_op() -> None:
+    # onnxruntime cannot run a made-up op: structure only.
+    model = _model([helper.make_node("Foo", ["x"], ["f"], domain="com.example"), helper.make_node("Relu", ["f"], ["y"])],
+                   [X], [Y], extra=(("com.example", 1),))
+    model.graph.value_info.append(helper.make_tensor_value_info("f", F, [2, 3]))  # its output type is declared
+    report = ConversionReport()
+    out = convert(model, "always-f16", report=report)
+    assert {k.op: k.code for k in report.kept_f32} == {"Foo": "unknown-op"}
+    relu = next(n for n in out.graph.node if n.op_type == "Relu")
+    cast = next(n for n in out.graph.node if n.output[0] == relu.input[0])
+    assert cast.op_type == "Cast" and cast.input[0] == "f"  # its reader gets a Cast
+
+
+def test_user_keep() -> None:
+    model = _model([helper.make_node("Softmax", ["x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], [X], [Y])
+    codes, out = _codes(model, "always-f16", keep_f32_ops=["Softmax"])
+    assert codes == {"Softmax": "user-keep"}
+    _same_numbers(model, out, FEEDS)
+
+
+def test_cast_unavailable() -> None:
+    # Opset 6 predates what onnxruntime implements: structure only.
+    model = _model([helper.make_node("Add", ["x", "x"], ["y"])], [X], [Y], opset=6)
+    report = ConversionReport()
+    convert(model, "auto-mixed-bf16", report=report)
+    assert {k.op: k.code for k in report.kept_f32} == {"Add": "cast-unavailable"}
+
+
+def test_kernel_gap() -> None:
+    model = _model([helper.make_node("EyeLike", ["x"], ["e"]), helper.make_node("Add", ["e", "x"], ["y"])], [X], [Y])
+    codes, out = _codes(model, "always-f16")
+    assert codes == {"EyeLike": "kernel-gap"}
+    _same_numbers(model, out, FEEDS)
+
+
+def test_qdq_region() -> None:
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")]
+    q = helper.make_tensor_value_info("q", TensorProto.UINT8, [2, 3])
+    model = _model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), helper.make_node("Relu", ["d"], ["r"]),
+                    helper.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])],
+                   [q], [helper.make_tensor_value_info("y", TensorProto.UINT8, [2, 3])], inits)
+    codes, out = _codes(model, "always-f16")
+    assert codes["Relu"] == "qdq-region"
+    feeds = {"q": np.arange(6, dtype=np.uint8).reshape(2, 3) * 40}
+    np.testing.assert_array_equal(run(model, feeds)[0], run(out, feeds)[0])
+
+
+def test_no_schema() -> None:
+    # Gelu arrived in opset 20: at 17 nothing says what it admits (and onnxruntime cannot load it).
+    model = _model([helper.make_node("Gelu", ["x"], ["y"])], [X], [Y], opset=17)
+    report = ConversionReport()
+    convert(model, "always-f16", report=report)
+    assert {k.op: k.code for k in report.kept_f32} == {"Gelu": "no-schema"}
+
+
+def test_schema_admits() -> None:
+    scalars = [helper.make_tensor_value_info(n, F, []) for n in ("a", "b", "d")]
+    model = _model([helper.make_node("Range", ["a", "b", "d"], ["y"])], scalars,
+                   [helper.make_tensor_value_info("y", F, [None])])
+    codes, out = _codes(model, "always-f16")
+    assert codes == {"Range": "schema-admits"}
+    feeds = {"a": np.array(0.5, np.float32), "b": np.array(3.0, np.float32), "d": np.array(0.25, np.float32)}
+    _same_numbers(model, out, feeds, tol=0)
+
+
+def test_kernel_table() -> None:
+    # OneHot-28 admits bf16 for its values (T3) only, so the float indices and depth keep their
+    # types; onnxruntime's CPU provider has bf16 values only beside integer indices and depth.
+    inits = [numpy_helper.from_array(np.array(4, np.float32), "depth"),
+             numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "values")]
+    idx = helper.make_tensor_value_info("i", F, [3])
+    model = _model([helper.make_node("OneHot", ["i", "depth", "values"], ["y"])], [idx],
+                   [helper.make_tensor_value_info("y", F, [3, 4])], inits, opset=28)  # bf16 values from OneHot-28
+    codes, out = _codes(model, "auto-mixed-bf16", target="cpu")
+    assert codes == {"OneHot": "kernel-table"}
+    feeds = {"i": np.array([0.0, 3.0, 1.0], np.float32)}
+    _same_numbers(model, out, feeds, tol=0)
+
+
+def _decision(model: onnx.ModelProto, op: str, policy: str = "always-f16"):  # noqa: ANN202 - a NodeDecision
+    plan, (decide, _, _) = conversion_passes(model, policy, ConvertOptions())
+    decide(plan, check=True)
+    assert plan.main is not None
+    return next(d for d in plan.main.decisions if d.op == op)
+
+
+def test_attribute_typed() -> None:
+    scale = numpy_helper.from_array(np.ones(3, np.float32), "g")
+    outs = [Y, helper.make_tensor_value_info("m", F, [2, 1]), helper.make_tensor_value_info("v", F, [2, 1])]
+    model = _model([helper.make_node("LayerNormalization", ["x", "g"], ["y", "m", "v"], stash_type=1)], [X], outs, [scale])
+    d = _decision(model, "LayerNormalization")
+    assert d.input_types == {0: H, 1: H} and d.output_types == {0: H}  # Mean and InvStdDev (U) keep f32
+    _, out = _codes(model, "always-f16")
+    _same_numbers(model, out, FEEDS)
+
+
+def test_other_type() -> None:
+    data = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "data")
+    idx = helper.make_tensor_value_info("i", TensorProto.INT64, [2])
+    model = _model([helper.make_node("Gather", ["data", "i"], ["y"])], [idx], [Y], [data])
+    d = _decision(model, "Gather")
+    assert d.input_types == {0: H} and d.output_types == {0: H}  # the int64 indices keep their type
+    _, out = _codes(model, "always-f16")
+    _same_numbers(model, out, {"i": np.array([3, 1], np.int64)}, tol=0)
+
+
+def test_type_variable() -> None:
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    x4 = helper.make_tensor_value_info("x", F, [1, 1, 2, 3])
+    model = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")], [x4],
+                   [helper.make_tensor_value_info("y", F, [1, 1, 4, 6])], [scales])
+    d = _decision(model, "Resize")
+    assert d.input_types == {0: H} and d.output_types == {0: H}  # `scales` keeps f32
+    _, out = _codes(model, "always-f16")
+    assert {t.name: t.data_type for t in out.graph.initializer}["scales"] == F
+    feeds = {"x": FEEDS["x"].reshape(1, 1, 2, 3)}
+    _same_numbers(model, out, feeds)
+
+
+def test_every_rule_has_its_example_here() -> None:
+    tested = {name[len("test_"):].replace("_", "-") for name in globals() if name.startswith("test_")}
+    assert set(REASON_CODES) <= tested and {r.code for r in VARIABLE_RULES} <= tested
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_an_op_typed_by_its_attribute_needs_a_real_kernel(target: str) -> None:
+    """HannWindow's output type is its `output_datatype`; onnxruntime has no f16 HannWindow and
+    cannot cast around one, so it stays f32 (kernel-table) and its reader gets the Cast. (It
+    once went f16 without its attribute: an f32 value declared f16, which the checker and
+    onnxruntime refused.)"""
+    size = numpy_helper.from_array(np.array(8, np.int32), "n")
+    model = _model([helper.make_node("HannWindow", ["n"], ["w"]), helper.make_node("Relu", ["w"], ["y"])], [],
+                   [helper.make_tensor_value_info("y", F, [8])], [size])
+    codes, out = _codes(model, "always-f16", target=target)
+    assert codes == {"HannWindow": "kernel-table"}
+    window = next(n for n in out.graph.node if n.op_type == "HannWindow")
+    assert "output_datatype" not in {a.name for a in window.attribute}
+    _same_numbers(model, out, {}, tol=1e-3)
