@@ -221,10 +221,6 @@ class _Scope:
             return None
         return scope.storage.get(name, scope.orig.get(name))
 
-    def renamed(self, name: str) -> str:
-        scope = self.owner(name)
-        return scope.rename.get(name, name) if scope else name
-
 
 class _Template(NamedTuple):
     """What every node with the same (domain, op, input types, type attribute, output count)
@@ -890,16 +886,20 @@ class _Converter:
     def resolve(self, scope: _Scope, name: str, want: int | None, position: int) -> str:
         """The name under which `name` is available at type `want` in `scope`; a Cast it needs
         is appended to the scope's graph with sort key `position` (see emit_scope)."""
-        actual = scope.renamed(name)
-        have = scope.storage_type(name)
-        if want is None or have == want or not _is_float(have) or not _is_float(want):
+        owner = scope if name in scope.defined else scope.owner(name)
+        if owner is None:
+            return name
+        actual = owner.rename.get(name, name) if owner.rename else name
+        have = owner.storage.get(name)
+        if have is None:
+            have = owner.orig.get(name)
+        if want is None or have == want or have not in FLOAT_TYPES or want not in FLOAT_TYPES:
             return actual
         key = (name, want)
         if key in scope.cast_cache:
             return scope.cast_cache[key]
-        owner = scope.owner(name)
-        producer = owner.producer.get(name) if owner else None
-        if owner is not None and producer is not None and producer.op == "Cast" and producer.inputs:
+        producer = owner.producer.get(name)
+        if producer is not None and producer.op == "Cast" and producer.inputs:
             inner = producer.inputs[0]
             inner_type = owner.storage_type(inner)
             if inner_type == want and have == _F32:
@@ -933,14 +933,14 @@ class _Converter:
     def emit_scope(self, scope: _Scope) -> None:
         """Rewire every node's inputs to the types it reads them at, inserting Casts.
 
-        Casts are appended to the graph as they are made, each with a sort key: node i has
-        3i+1, a Cast it reads 3i, a Cast back to a graph output it computes 3i+2. One stable
-        sort of the node list by these keys then puts them in place (upb sorts the pointers;
-        rebuilding the list would copy every node).
+        Casts are appended to the graph as they are made, each with a sort key (`_slot`): a
+        Cast node i reads sorts just before it, a Cast back to a graph output it computes just
+        after. One stable sort of the node list by these keys then puts them in place (upb
+        sorts the pointers; rebuilding the list would copy every node).
         """
         is_main = scope.parent is None
         count = len(scope.decisions)
-        scope.positions = list(range(1, 3 * count, 3))
+        scope.positions = [_slot(i, _NODE) for i in range(count)]
         back = self._rename_low_outputs(scope) if is_main else {}
         orig_type = scope.orig.get if is_main else scope.orig_type
         idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
@@ -985,24 +985,13 @@ class _Converter:
 
     def _rewire_inputs(self, scope: _Scope, i: int, d: NodeDecision, orig_type: Callable[[str], int | None]) -> None:
         """Point node i's inputs at the names holding them at the types it reads them at."""
-        node, input_types, defined = d.node, d.input_types, scope.defined
+        node, input_types = d.node, d.input_types
+        position = _slot(i, _READ)
         for k, name in enumerate(d.inputs):
             if not name:
                 continue
             want = input_types[k] if k in input_types else orig_type(name)
-            owner = scope if name in defined else scope.owner(name)
-            if owner is not None and want is not None:  # resolve()'s early return, inlined per edge
-                have = owner.storage.get(name)
-                if have is None:
-                    have = owner.orig.get(name)
-                if have != want and have in FLOAT_TYPES and want in FLOAT_TYPES:
-                    resolved = self.resolve(scope, name, want, 3 * i)  # needs a Cast (or a folded chain)
-                elif owner.rename:
-                    resolved = owner.rename.get(name, name)
-                else:
-                    continue
-            else:
-                resolved = owner.rename.get(name, name) if owner is not None else name
+            resolved = self.resolve(scope, name, want, position)
             if resolved != name:
                 node.input[k] = resolved
                 self.edits += 1
@@ -1016,13 +1005,13 @@ class _Converter:
                 self.edits += 1
                 if name in back:
                     low_name, want = back[name]
-                    self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, 3 * i + 2)
+                    self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, _slot(i, _BACK))
 
     def _resolve_body_outputs(self, scope: _Scope, count: int) -> None:
         """Body outputs keep their types; they may be renamed."""
         for out in scope.graph.output:
             want = scope.orig_type(out.name)
-            resolved = self.resolve(scope, out.name, want, 3 * count)
+            resolved = self.resolve(scope, out.name, want, _slot(count, _READ))  # after every node
             if resolved != out.name:
                 out.name = resolved
                 self.edits += 1
@@ -1475,6 +1464,15 @@ def _fixed_types(model: ModelProto) -> dict[str, int]:
         if elem and elem != _F32:
             fixed[vi.name] = elem
     return fixed
+
+
+#: Where an inserted Cast sorts relative to node i (emit_scope): the Casts it reads, the node,
+#: the Cast back to a graph output it computes.
+_READ, _NODE, _BACK = 0, 1, 2
+
+
+def _slot(i: int, where: int) -> int:
+    return 3 * i + where
 
 
 @functools.cache
