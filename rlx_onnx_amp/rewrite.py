@@ -283,49 +283,49 @@ class KeepRule:
     """One reason a node keeps its original types: `check` returns the reason, or None."""
 
     code: str  # report.REASON_CODES
-    check: Callable[[_Converter, _NodeFacts | None, NodeDecision], str | None]
+    check: Callable[[DecidePass, _NodeFacts | None, NodeDecision], str | None]
     after_policy: bool = True  # only for a node the policy wants lower
     per_node: bool = False  # reads the node's name or path: applied over the template cache
 
 
-def _non_tensor(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _non_tensor(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """Sequence and optional values keep their types."""
     assert f is not None
     holds = NON_TENSOR in f.in_types or NON_TENSOR in f.out_types
     return "sequence/optional values keep their types" if holds else None
 
 
-def _control_flow(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _control_flow(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """If/Loop/Scan keep their interface types; their bodies are rewritten (rule control-flow)."""
     assert f is not None
     return "control-flow: interface keeps its types, bodies are rewritten" if f.has_subgraph else None
 
 
-def _unknown_op(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _unknown_op(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """An op the taxonomy lacks keeps its types (rule unknown-op)."""
     assert f is not None
     return f"unknown op {f.node.domain + '.' if f.node.domain else ''}{f.node.op_type}" if f.kind is None else None
 
 
-def _user_keep_rule(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _user_keep_rule(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """--keep-f32-op, --keep-f32-node and node paths (repair's keeps) (rule user-keep)."""
     return cv._user_keep(d.node, d.path)
 
 
-def _cast_unavailable(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _cast_unavailable(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """The Casts around the node cannot be written at the model's default-domain opset."""
     assert f is not None and f.target is not None
     return cv._cast_block(f.target)
 
 
-def _kernel_gap_rule(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _kernel_gap_rule(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """onnxruntime has a known gap its registry cannot show (rule kernel-gap)."""
     assert f is not None
     gap = _kernel_gap(f.node) if (canonical_domain(f.domain), f.op) in KERNEL_GAPS else None
     return f"kernel: {gap}" if gap else None
 
 
-def _qdq_region(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _qdq_region(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """A node between DequantizeLinear and QuantizeLinear runs quantized (rule qdq-region)."""
     assert f is not None
     if f.scope.in_qdq_region(d):
@@ -333,10 +333,10 @@ def _qdq_region(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | 
     return None
 
 
-def _no_schema(cv: _Converter, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _no_schema(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
     """No schema for the op at the model's opset: nothing says what it admits."""
     assert f is not None
-    return f"no schema for {f.op} at opset {cv._opset(f.domain)}" if f.sig is None else None
+    return f"no schema for {f.op} at opset {cv.cx.opset(f.domain)}" if f.sig is None else None
 
 
 #: Every reason a node keeps its original types, in precedence order: the first that fires
@@ -401,7 +401,11 @@ VARIABLE_RULES: tuple[VariableRule, ...] = (
 _RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
 
 
-class _Converter:
+class _Conversion:
+    """What the three passes of one conversion share: the model, the policy and options, the
+    weights' source and sink, fresh names, and what they count for the report and for their
+    honest `modified`."""
+
     def __init__(
         self,
         model: ModelProto,
@@ -422,14 +426,8 @@ class _Converter:
         self.sink = sink
         self.report = report
         self.opsets = opset_versions(model)
-        self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
-        self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
-        self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self.fresh = FreshNames()
         self.used_names = self.fresh.taken
-        self._group_cache: dict[tuple[object, ...], _Lowered] = {}
-        self._templates: dict[tuple[object, ...], _Template] = {}
-        self._cast_blocks: dict[Precision, str | None] = {}
         self.casts_inserted = 0
         self.casts_removed = 0  # rule idle-cast
         # What the passes changed in the protobuf, so that each says so honestly (`passes`):
@@ -438,18 +436,121 @@ class _Converter:
         self.relocated = False  # unconverted weights moved into the sink's file
         self.changed = False  # a Cast inserted or removed, or an edit: what the report says
         self.clamped: dict[str, ClampStats] = {}
-        # Small float tensors are narrowed together at the end (one numpy pass per precision).
-        self.batching = sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
-        self._batches: dict[Precision, NarrowBatch] = {}
 
-    # ---- names -------------------------------------------------------------------------
-    def _collect_names(self, graph: GraphProto) -> None:
+    def opset(self, domain: str) -> int:
+        return self.opsets.get(canonical_domain(domain), 1)
+
+    def collect_names(self, graph: GraphProto) -> None:
         """Names of the graph's declared values; node names and outputs are added while deciding."""
         for vi in (*graph.input, *graph.output, *graph.value_info):
             self.used_names.add(vi.name)
         self.used_names.update(t.name for t in graph.initializer)
 
-    # ---- sweep 1: decide ---------------------------------------------------------------
+    def record_clamp(self, name: str, stats: ClampStats) -> None:
+        if stats.clamped or stats.flushed:
+            self.clamped[name] = stats
+            if stats.clamped:
+                logger.info("%s: %d values clamped (worst %g)", name, stats.clamped, stats.worst)
+
+
+class Stage(enum.IntEnum):
+    """Where a plan stands: each pass needs one stage and leaves the plan at the next."""
+
+    NEW = 0
+    DECIDED = 1  # every node has its decision
+    STORED = 2  # every float value has its storage type
+    EMITTED = 3  # the model is rewritten
+
+
+@dataclass
+class Plan:
+    """The rewrite's decisions beside the model they are about: the main scope holds each
+    node's `NodeDecision`, each value's original and storage type, and its bodies' scopes."""
+
+    model: ModelProto
+    main: _Scope | None = None
+    stage: int = Stage.NEW
+
+    def scopes(self) -> Iterator[_Scope]:
+        """The main scope and every body's, each body after the scope that holds it."""
+        pending = [self.main] if self.main is not None else []
+        while pending:
+            scope = pending.pop()
+            yield scope
+            for children in scope.children.values():
+                pending.extend(children)
+
+
+class DecidePass(Pass[Plan]):
+    """Sweep 1: each node's precision, or the rule of `KEEP_RULES` that keeps its types.
+
+    Requires a graph with nodes or outputs. Ensures one decision per node, in node order, in
+    every scope; a reason exactly when a code from `REASON_CODES`; lowered only float values
+    that were f32 or already at the node's precision. Does not modify the model."""
+
+    name, needs_stage, gives_stage = "decide", Stage.NEW, Stage.DECIDED
+
+    def __init__(self, conversion: _Conversion) -> None:
+        self.cx = conversion
+        options, policy = conversion.options, conversion.policy
+        self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
+        self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
+        self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
+        self._group_cache: dict[tuple[object, ...], _Lowered] = {}
+        self._templates: dict[tuple[object, ...], _Template] = {}
+        self._cast_blocks: dict[Precision, str | None] = {}
+
+    def requires(self, plan: Plan) -> None:
+        if not plan.model.graph.node and not plan.model.graph.output:
+            self.fail("needs a graph with nodes or outputs")
+
+    def call(self, plan: Plan) -> PassResult:
+        plan.main = self.decide_model()
+        return PassResult(modified=False)
+
+    def ensures(self, plan: Plan) -> None:
+        for scope in plan.scopes():
+            if len(scope.decisions) != len(scope.graph.node):
+                self.fail(f"scope {scope.path!r}: {len(scope.decisions)} decisions for {len(scope.graph.node)} nodes")
+            for i, (d, node) in enumerate(zip(scope.decisions, scope.graph.node)):
+                if d.path != f"{scope.path}{i}" or d.op != node.op_type:
+                    self.fail(f"decision {d.path} ({d.op}) is not about node {i} ({node.op_type}) of {scope.path!r}")
+                self._check_decision(scope, d)
+
+    def _check_decision(self, scope: _Scope, d: NodeDecision) -> None:
+        if (d.reason is None) != (d.code is None) or (d.code is not None and d.code not in REASON_CODES):
+            self.fail(f"{d.label}: reason {d.reason!r} with code {d.code!r}")
+        low = d.precision.elem_type if d.precision is not None else None
+        lowered = [(d.inputs[k], t) for k, t in d.input_types.items() if t is not None]
+        lowered += [(d.outputs[k], t) for k, t in d.output_types.items()]
+        for name, elem in lowered:
+            if elem != low or scope.orig_type(name) not in (_F32, low, None):
+                self.fail(
+                    f"{d.label}: {name!r} lowered to {elem} (node at {d.precision}, value {scope.orig_type(name)})"
+                )
+        if d.precision is not None and (d.reason is not None or not lowered):
+            self.fail(f"{d.label}: at {d.precision.value} with nothing lowered, or with a reason to keep it")
+
+    def decide_model(self) -> _Scope:
+        """Sweep 1 over the whole model: the main scope, every node decided."""
+        graph = self.cx.model.graph
+        self.cx.collect_names(graph)
+        names = set(self.cx.used_names)
+        declared = declared_types(graph)
+        main = _Scope(graph, "", None, declared or {})
+        try:
+            if declared is None:
+                raise _Untyped("a graph input or output is not a tensor")
+            self.decide_scope(main, None)  # typed from the schemas as it goes
+        except _Untyped as e:
+            logger.debug("schema typing gave up (%s); running onnx shape inference", e)
+            self.cx.fresh = FreshNames(names)
+            self.cx.used_names = self.cx.fresh.taken
+            types = infer_types(self.cx.model)
+            main = _Scope(graph, "", None, types.get("", {}))
+            self.decide_scope(main, types)
+        return main
+
     def decide_scope(self, scope: _Scope, types: ScopeTypes | None) -> None:
         """Decide every node of `scope` (and of the bodies it holds) in node order.
 
@@ -506,7 +607,7 @@ class _Converter:
             self._record(scope, decision, node, ins, outs, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:
-                elem = out.type.tensor_type.elem_type if self.options.keep_io_types else None
+                elem = out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None
                 self._want(scope, out.name, elem)
 
     def _scan_qdq(self, scope: _Scope, nodes: Sequence[NodeProto], op_types: list[str]) -> None:
@@ -529,7 +630,7 @@ class _Converter:
                 raise _Untyped(f"{node.op_type} holds a graph")
             child_path = f"{path}/{attr_key}/"
             children.append(_Scope(sub, child_path, scope, types.get(child_path, {})))
-            self._collect_names(sub)
+            self.cx.collect_names(sub)
         return children
 
     def _from_template(
@@ -574,8 +675,8 @@ class _Converter:
     ) -> None:
         """What the sweep learns from a decided node: its outputs' producer and storage type,
         and the types it reads the values whose storage follows their consumers at."""
-        self.used_names.update(outs)
-        self.used_names.add(node.name)
+        self.cx.used_names.update(outs)
+        self.cx.used_names.add(node.name)
         defined, producer, storage, tracked = scope.defined, scope.producer, scope.storage, scope.tracked
         output_types, input_types = decision.output_types, decision.input_types
         for k, name in enumerate(outs):
@@ -611,13 +712,10 @@ class _Converter:
         if owner is not None and elem is not None:
             owner.wants.setdefault(name, set()).add(elem)
 
-    def _opset(self, domain: str) -> int:
-        return self.opsets.get(canonical_domain(domain), 1)
-
     def _user_keep(self, node: NodeProto, path: str) -> str | None:
-        if path in self.options.keep_f32_paths:
-            return self.options.keep_f32_paths[path]
-        if node.op_type in self.options.keep_f32_ops:
+        if path in self.cx.options.keep_f32_paths:
+            return self.cx.options.keep_f32_paths[path]
+        if node.op_type in self.cx.options.keep_f32_ops:
             return f"user: --keep-f32-op {node.op_type}"
         for pattern in self.keep_node_patterns:
             if node.name and pattern.search(node.name):
@@ -657,7 +755,7 @@ class _Converter:
         """Type a node's outputs and decide it; store the result as a template when it depends
         on nothing but the template key."""
         in_types = [None if t == _OMITTED else t for t in key_types]
-        sig = signature(domain, op, self._opset(domain), len(ins), len(outs))
+        sig = signature(domain, op, self.cx.opset(domain), len(ins), len(outs))
         # What the schema alone says of the outputs (as schema_types does): the attribute that
         # types them, or what their type variables give.
         derived: list[int | None] = [None] * len(outs)
@@ -785,9 +883,9 @@ class _Converter:
 
     def _cast_opset(self) -> int:
         """The default-domain opset of the model, or the one `_ensure_default_opset` would add."""
-        if any(o.domain in DEFAULT_DOMAINS for o in self.model.opset_import):
-            return self._opset("")
-        return _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
+        if any(o.domain in DEFAULT_DOMAINS for o in self.cx.model.opset_import):
+            return self.cx.opset("")
+        return _default_opset_for(self.cx.model, self.cx.opsets.get("ai.onnx.ml"))
 
     def _lower_groups(
         self,
@@ -833,7 +931,7 @@ class _Converter:
             code = "schema-admits"
         elif in_low or out_low:
             reason = kernel_block(
-                self.options.target,
+                self.cx.options.target,
                 target,
                 canonical_domain(node.domain),
                 node.op_type,
@@ -848,7 +946,42 @@ class _Converter:
         self._group_cache[key] = result
         return result
 
-    # ---- sweep 2: store ----------------------------------------------------------------
+
+class StorePass(Pass[Plan]):
+    """Sweep 2: each float value's storage type; sources and initializers take their
+    consumers' precision (rule source-follows-consumers).
+
+    Requires decided nodes. Ensures storage types only on float values that were f32, and
+    graph inputs (other than IR 3's weights) at their declared type under keep_io_types.
+    Modifies the model only to clamp an f32 Constant that its low readers cast down (counted
+    in `modified`)."""
+
+    name, needs_stage, gives_stage = "store", Stage.DECIDED, Stage.STORED
+
+    def __init__(self, conversion: _Conversion) -> None:
+        self.cx = conversion
+
+    def call(self, plan: Plan) -> PassResult:
+        assert plan.main is not None
+        self.store_scope(plan.main)
+        return PassResult(modified=self.cx.saturated > 0)
+
+    def ensures(self, plan: Plan) -> None:
+        for scope in plan.scopes():
+            for name, elem in scope.storage.items():
+                was = scope.orig.get(name)
+                if elem not in FLOAT_TYPES or was not in (_F32, elem):
+                    self.fail(f"{name!r} stored as {elem}, was {was}: only f32 values change type")
+        main = plan.main
+        assert main is not None
+        if self.cx.options.keep_io_types:
+            weights = {t.name for t in main.graph.initializer}  # IR < 4 declares them as inputs too
+            for vi in main.graph.input:
+                if vi.name not in weights and main.storage.get(vi.name, main.orig.get(vi.name)) != main.orig.get(
+                    vi.name
+                ):
+                    self.fail(f"graph input {vi.name!r} retyped under keep_io_types")
+
     def _single_low(self, scope: _Scope, name: str) -> int | None:
         wants = scope.wants.get(name, set())
         if len(wants) == 1:
@@ -859,7 +992,7 @@ class _Converter:
 
     def store_scope(self, scope: _Scope) -> None:
         is_main = scope.parent is None
-        if is_main and not self.options.keep_io_types:
+        if is_main and not self.cx.options.keep_io_types:
             for vi in scope.graph.input:
                 if scope.orig.get(vi.name) == _F32 and (low := self._single_low(scope, vi.name)):
                     scope.storage[vi.name] = low
@@ -870,7 +1003,7 @@ class _Converter:
             if d.source and d.outputs and d.outputs[0]:
                 name = d.outputs[0]
                 low = self._single_low(scope, name)
-                sig = signature(d.domain, d.op, self._opset(d.domain), len(d.inputs), len(d.outputs))
+                sig = signature(d.domain, d.op, self.cx.opset(d.domain), len(d.inputs), len(d.outputs))
                 admits = sig is None or all(_TYPE_STR.get(low or 0, "") in g.allowed for g in sig.groups if g.outputs)
                 if scope.orig.get(name) == _F32 and low and admits:
                     scope.storage[name] = low
@@ -882,7 +1015,86 @@ class _Converter:
             for child in children:
                 self.store_scope(child)
 
-    # ---- sweep 3: emit -----------------------------------------------------------------
+    def _saturate_source(self, d: NodeDecision, low: int) -> None:
+        """A Constant-like value that must stay f32 (its op cannot hold `low` at this opset)
+        while every consumer reads it through one Cast to `low`: finite values past the low
+        range would become Inf at that Cast, so they are clamped here, in f32, as narrowing
+        would have clamped them (rule source-follows-consumers). A -3.4e38 mask stays a mask."""
+        import numpy as np
+
+        precision = precision_of_elem_type(low)
+        attr = next((a for a in d.node.attribute if a.name == SOURCE_VALUE_ATTRIBUTES.get(d.op)), None)
+        if precision is None or attr is None or attr.type != onnx.AttributeProto.TENSOR or attr.t.data_type != _F32:
+            return
+        values = self.cx.source.read(attr.t)
+        limit = np.float32(precision.info.max_finite)
+        past = np.isfinite(values) & (np.abs(values) > limit)
+        if not past.any():
+            return
+        stats = ClampStats(int(past.sum()), float(values[past][np.argmax(np.abs(values[past]))]), 0)
+        self.cx.record_clamp(d.outputs[0], stats)
+        self.cx.sink.store(attr.t, np.where(past, np.copysign(limit, values), values).astype(np.float32), _F32)
+        self.cx.saturated += 1
+
+
+class EmitPass(Pass[Plan]):
+    """Sweep 3: the model rewritten: Casts inserted, values, attributes and weights retyped.
+
+    Requires stored types. Ensures a model onnx's full checker accepts (when its weights are
+    inline), non-float values and weights at their old types, and idempotence: converting the
+    result again under the same policy and options changes nothing (except with node-path
+    keeps, whose paths are the input's). `modified` is the report's `changed`, or weights moved
+    into the sink's file."""
+
+    name, needs_stage, gives_stage = "emit", Stage.STORED, Stage.EMITTED
+
+    def __init__(self, conversion: _Conversion) -> None:
+        self.cx = conversion
+        self.fixed: dict[str, int] = {}
+        # Small float tensors are narrowed together at the end (one numpy pass per precision).
+        self.batching = conversion.sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
+        self._batches: dict[Precision, NarrowBatch] = {}
+
+    def requires(self, plan: Plan) -> None:
+        self.fixed = _fixed_types(plan.model)
+
+    def call(self, plan: Plan) -> PassResult:
+        assert plan.main is not None
+        return PassResult(modified=self.emit_model(plan.main))
+
+    def ensures(self, plan: Plan) -> None:
+        model = plan.model
+        after = _fixed_types(model)
+        moved = {name: (elem, after[name]) for name, elem in self.fixed.items() if after.get(name, elem) != elem}
+        if moved:
+            self.fail(f"non-f32 values retyped: {moved}")
+        if not any(is_external(t) for t in all_tensors(model)):
+            try:
+                onnx.checker.check_model(model, full_check=True)
+            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+                self.fail(f"the result fails onnx's checker: {first_line(e)}")
+        options = self.cx.options
+        if not options.keep_f32_paths:
+            again, report = ModelProto(), ConversionReport()
+            again.CopyFrom(model)
+            convert_model(
+                again, self.cx.policy, replace(options, cost=False, check_contracts=False), report=report, weights=False
+            )
+            if report.changed:
+                self.fail(
+                    f"converting the result again changes it ({report.casts_inserted} Casts inserted, "
+                    f"{report.casts_removed} removed)"
+                )
+
+    def emit_model(self, main: _Scope) -> bool:
+        """Sweep 3 over the whole model, and the report; whether the model's protobuf changed."""
+        self.emit_scope(main)
+        if self.cx.casts_inserted:
+            self._ensure_default_opset()
+        self.cx.changed = bool(self.cx.casts_inserted or self.cx.casts_removed or self.cx.edits)
+        self._fill_report(main)
+        return self.cx.changed or self.cx.relocated
+
     def resolve(self, scope: _Scope, name: str, want: int | None, position: int) -> str:
         """The name under which `name` is available at type `want` in `scope`; a Cast it needs
         is appended to the scope's graph with sort key `position` (see emit_scope)."""
@@ -910,8 +1122,8 @@ class _Converter:
                 return result
         precision = precision_of_elem_type(want)
         assert precision is not None
-        cast_out = self.fresh(f"{name}__{precision.value}")
-        self._add_cast(scope, actual, cast_out, self.fresh(f"{cast_out}__cast"), want, position)
+        cast_out = self.cx.fresh(f"{name}__{precision.value}")
+        self._add_cast(scope, actual, cast_out, self.cx.fresh(f"{cast_out}__cast"), want, position)
         scope.cast_cache[key] = cast_out
         self._value_info(scope, cast_out, want)
         return cast_out
@@ -922,7 +1134,7 @@ class _Converter:
         node.CopyFrom(_cast_template(to))  # a copy is cheaper than building the node field by field
         node.input[0], node.output[0], node.name = src, dst, name
         scope.positions.append(position)
-        self.casts_inserted += 1
+        self.cx.casts_inserted += 1
 
     def _value_info(self, scope: _Scope, name: str, elem: int) -> None:
         """Declare the type of a new value (its shape is left to inference)."""
@@ -972,11 +1184,11 @@ class _Converter:
         the output may follow it. Output name -> (its low name, the type it goes back to)."""
         back: dict[str, tuple[str, int]] = {}
         for out in scope.graph.output:
-            want = out.type.tensor_type.elem_type if self.options.keep_io_types else None
+            want = out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None
             have = scope.storage_type(out.name)
             if want and _is_float(have) and have != want and out.name in scope.producer:
                 precision = precision_of_elem_type(have or 0)
-                low_name = self.fresh(f"{out.name}__{precision.value if precision else 'low'}")
+                low_name = self.cx.fresh(f"{out.name}__{precision.value if precision else 'low'}")
                 scope.rename[out.name] = low_name
                 scope.cast_cache[(out.name, want)] = out.name
                 back[out.name] = (low_name, want)
@@ -994,7 +1206,7 @@ class _Converter:
             resolved = self.resolve(scope, name, want, position)
             if resolved != name:
                 node.input[k] = resolved
-                self.edits += 1
+                self.cx.edits += 1
 
     def _rename_outputs(self, scope: _Scope, i: int, d: NodeDecision, back: dict[str, tuple[str, int]]) -> None:
         """Node i's renamed outputs, and the Cast back to a graph output it computes low."""
@@ -1002,10 +1214,10 @@ class _Converter:
         for k, name in enumerate(d.outputs):
             if name in rename:
                 d.node.output[k] = rename[name]
-                self.edits += 1
+                self.cx.edits += 1
                 if name in back:
                     low_name, want = back[name]
-                    self._add_cast(scope, low_name, name, self.fresh(f"{name}__cast"), want, _slot(i, _BACK))
+                    self._add_cast(scope, low_name, name, self.cx.fresh(f"{name}__cast"), want, _slot(i, _BACK))
 
     def _resolve_body_outputs(self, scope: _Scope, count: int) -> None:
         """Body outputs keep their types; they may be renamed."""
@@ -1014,7 +1226,7 @@ class _Converter:
             resolved = self.resolve(scope, out.name, want, _slot(count, _READ))  # after every node
             if resolved != out.name:
                 out.name = resolved
-                self.edits += 1
+                self.cx.edits += 1
                 if not out.type.HasField("tensor_type") and want is not None:
                     out.type.tensor_type.elem_type = want
 
@@ -1044,7 +1256,7 @@ class _Converter:
         else:
             scope.rename[out] = d.node.input[0]  # already rewired to the name its input has here
             idle.append(d.node)
-        self.casts_removed += 1
+        self.cx.casts_removed += 1
 
     def _unread_casts(self, scope: _Scope) -> list[NodeProto]:
         """Rule idle-cast: the Casts whose every reader now reads past them (a folded chain)."""
@@ -1059,7 +1271,7 @@ class _Converter:
             d = scope.producer.get(name)
             if d is not None and d.op == "Cast":
                 unread.append(d.node)
-                self.casts_removed += 1
+                self.cx.casts_removed += 1
         return unread
 
     def _remove_nodes(self, scope: _Scope, nodes: list[NodeProto]) -> None:
@@ -1082,20 +1294,20 @@ class _Converter:
         for attr in node.attribute:
             if attr.name in TYPED_TENSOR_ATTRIBUTES.get(node.op_type, ()) and attr.t.data_type == _F32 and d.precision:
                 self._narrow_tensor(attr.t, d.precision, f"{d.label}.{attr.name}")
-                self.edits += 1
+                self.cx.edits += 1
         type_attr = TYPE_ATTRIBUTES.get(node.op_type)
         if type_attr and 0 in d.output_types:
             attrs = {a.name: a for a in node.attribute}
             if type_attr not in attrs:
                 node.attribute.append(helper.make_attribute(type_attr, elem))
-                self.edits += 1
+                self.cx.edits += 1
             elif attrs[type_attr].i != elem:
                 attrs[type_attr].i = elem
-                self.edits += 1
+                self.cx.edits += 1
 
     def _retype_source(self, node: NodeProto, attr_name: str, precision: Precision | None, scope: _Scope) -> None:
         assert precision is not None
-        self.edits += 1  # an f32 value (the store pass lowers no other) becomes low
+        self.cx.edits += 1  # an f32 value (the store pass lowers no other) becomes low
         attrs = {a.name: a for a in node.attribute}
         if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR:
             self._narrow_tensor(attrs[attr_name].t, precision, node.output[0])
@@ -1120,29 +1332,8 @@ class _Converter:
         import numpy as np
 
         low, stats = narrow(np.array(values, dtype=np.float32).reshape(dims), precision)
-        self._record_clamp(node.output[0], stats)
-        self.sink.store(attr.t, low, precision.elem_type)
-
-    def _saturate_source(self, d: NodeDecision, low: int) -> None:
-        """A Constant-like value that must stay f32 (its op cannot hold `low` at this opset)
-        while every consumer reads it through one Cast to `low`: finite values past the low
-        range would become Inf at that Cast, so they are clamped here, in f32, as narrowing
-        would have clamped them (rule source-follows-consumers). A -3.4e38 mask stays a mask."""
-        import numpy as np
-
-        precision = precision_of_elem_type(low)
-        attr = next((a for a in d.node.attribute if a.name == SOURCE_VALUE_ATTRIBUTES.get(d.op)), None)
-        if precision is None or attr is None or attr.type != onnx.AttributeProto.TENSOR or attr.t.data_type != _F32:
-            return
-        values = self.source.read(attr.t)
-        limit = np.float32(precision.info.max_finite)
-        past = np.isfinite(values) & (np.abs(values) > limit)
-        if not past.any():
-            return
-        stats = ClampStats(int(past.sum()), float(values[past][np.argmax(np.abs(values[past]))]), 0)
-        self._record_clamp(d.outputs[0], stats)
-        self.sink.store(attr.t, np.where(past, np.copysign(limit, values), values).astype(np.float32), _F32)
-        self.saturated += 1
+        self.cx.record_clamp(node.output[0], stats)
+        self.cx.sink.store(attr.t, low, precision.elem_type)
 
     def _batch(self, precision: Precision) -> NarrowBatch:
         batch = self._batches.get(precision)
@@ -1154,20 +1345,14 @@ class _Converter:
         """Narrow a tensor attribute in place: small ones join a batch (see `NarrowBatch`)."""
         if self.batching and self._batch(precision).add(tensor, label):
             return
-        low, stats = narrow(self.source.read(tensor), precision)
-        self._record_clamp(label, stats)
-        self.sink.store(tensor, low, precision.elem_type)
+        low, stats = narrow(self.cx.source.read(tensor), precision)
+        self.cx.record_clamp(label, stats)
+        self.cx.sink.store(tensor, low, precision.elem_type)
 
     def _run_batches(self) -> None:
         for batch in self._batches.values():
             for label, stats in batch.run():
-                self._record_clamp(label, stats)
-
-    def _record_clamp(self, name: str, stats: ClampStats) -> None:
-        if stats.clamped or stats.flushed:
-            self.clamped[name] = stats
-            if stats.clamped:
-                logger.info("%s: %d values clamped (worst %g)", name, stats.clamped, stats.worst)
+                self.cx.record_clamp(label, stats)
 
     def _retype_declarations(self, scope: _Scope) -> None:
         graph = scope.graph
@@ -1176,7 +1361,7 @@ class _Converter:
             elem = storage.get(vi.name)
             if elem and vi.type.HasField("tensor_type"):
                 self._retype(vi, elem)
-        if scope.parent is None and not self.options.keep_io_types:
+        if scope.parent is None and not self.cx.options.keep_io_types:
             for vi in (*graph.input, *graph.output):
                 elem = scope.storage_type(vi.name)
                 if elem and vi.type.HasField("tensor_type") and _is_float(elem):
@@ -1191,85 +1376,55 @@ class _Converter:
         tensor_type = vi.type.tensor_type
         if tensor_type.elem_type != elem:
             tensor_type.elem_type = elem
-            self.edits += 1
+            self.cx.edits += 1
 
     def _convert_initializers(self, scope: _Scope) -> None:
         for init in scope.graph.initializer:
             before = tensor_nbytes(init)
-            self.report.initializer_bytes_before += before
+            self.cx.report.initializer_bytes_before += before
             target = scope.storage.get(init.name)
             if target is not None and target != init.data_type:
-                self.edits += 1
-            if not self.weights:
+                self.cx.edits += 1
+            if not self.cx.weights:
                 if target is not None and target != init.data_type:
                     init.data_type = target  # for the cost model only: a dry run's data stays as it was
                     precision = precision_of_elem_type(target)
-                    self.report.initializer_bytes_after += (
+                    self.cx.report.initializer_bytes_after += (
                         before // 4 * precision.info.np_dtype.itemsize if precision else before
                     )
                 else:
-                    self.report.initializer_bytes_after += before
+                    self.cx.report.initializer_bytes_after += before
                 continue
             if target is not None and target != init.data_type:
                 precision = precision_of_elem_type(target)
                 assert precision is not None
                 if self.batching and self._batch(precision).add(init, init.name):
-                    self.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
-                    if self.progress is not None:
-                        self.progress(before)
+                    self.cx.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
+                    if self.cx.progress is not None:
+                        self.cx.progress(before)
                     continue
-                stats, written = self.sink.store_narrowed(init, self.source, precision)
-                self._record_clamp(init.name, stats)
-                self.report.initializer_bytes_after += written
+                stats, written = self.cx.sink.store_narrowed(init, self.cx.source, precision)
+                self.cx.record_clamp(init.name, stats)
+                self.cx.report.initializer_bytes_after += written
             else:
                 moved = is_external(init)
-                self.sink.copy_through(init, self.source)
-                self.relocated = self.relocated or moved or is_external(init)
-                self.report.initializer_bytes_after += before
-            if self.progress is not None:
-                self.progress(before)
-
-    # ---- driver ------------------------------------------------------------------------
-    def decide(self) -> _Scope:
-        """Sweep 1 over the whole model: the main scope, every node decided."""
-        graph = self.model.graph
-        self._collect_names(graph)
-        names = set(self.used_names)
-        declared = declared_types(graph)
-        main = _Scope(graph, "", None, declared or {})
-        try:
-            if declared is None:
-                raise _Untyped("a graph input or output is not a tensor")
-            self.decide_scope(main, None)  # typed from the schemas as it goes
-        except _Untyped as e:
-            logger.debug("schema typing gave up (%s); running onnx shape inference", e)
-            self.fresh = FreshNames(names)
-            self.used_names = self.fresh.taken
-            types = infer_types(self.model)
-            main = _Scope(graph, "", None, types.get("", {}))
-            self.decide_scope(main, types)
-        return main
-
-    def emit(self, main: _Scope) -> bool:
-        """Sweep 3 over the whole model, and the report; whether the model's protobuf changed."""
-        self.emit_scope(main)
-        if self.casts_inserted:
-            self._ensure_default_opset()
-        self.changed = bool(self.casts_inserted or self.casts_removed or self.edits)
-        self._fill_report(main)
-        return self.changed or self.relocated
+                self.cx.sink.copy_through(init, self.cx.source)
+                self.cx.relocated = self.cx.relocated or moved or is_external(init)
+                self.cx.report.initializer_bytes_after += before
+            if self.cx.progress is not None:
+                self.cx.progress(before)
 
     def _ensure_default_opset(self) -> None:
         """Inserted Casts live in the default domain; a model that imports only another domain
         (ai.onnx.ml) gets the default-domain opset released with it."""
-        if any(o.domain in DEFAULT_DOMAINS for o in self.model.opset_import):
+        if any(o.domain in DEFAULT_DOMAINS for o in self.cx.model.opset_import):
             return
-        version = _default_opset_for(self.model, self.opsets.get("ai.onnx.ml"))
-        self.model.opset_import.append(helper.make_opsetid("", version))
+        version = _default_opset_for(self.cx.model, self.cx.opsets.get("ai.onnx.ml"))
+        self.cx.model.opset_import.append(helper.make_opsetid("", version))
         logger.info("added an import of the default domain at opset %d for the inserted Casts", version)
 
     def _fill_report(self, main: _Scope) -> None:
-        report = self.report
+        report = self.cx.report
         unknown: list[str] = []
         tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
         decisions, kept, keepable = report.decisions, report.kept_f32, report.keepable
@@ -1294,166 +1449,11 @@ class _Converter:
             report.count_node(kind, op, prec, count)
             if kind is None:
                 unknown.append(op)
-        report.casts_inserted = self.casts_inserted
-        report.casts_removed = self.casts_removed
-        report.changed = self.changed
-        report.clamped = {k: v.to_json() for k, v in self.clamped.items()}
+        report.casts_inserted = self.cx.casts_inserted
+        report.casts_removed = self.cx.casts_removed
+        report.changed = self.cx.changed
+        report.clamped = {k: v.to_json() for k, v in self.cx.clamped.items()}
         report.unknown_ops = sorted(set(unknown))
-
-
-class Stage(enum.IntEnum):
-    """Where a plan stands: each pass needs one stage and leaves the plan at the next."""
-
-    NEW = 0
-    DECIDED = 1  # every node has its decision
-    STORED = 2  # every float value has its storage type
-    EMITTED = 3  # the model is rewritten
-
-
-@dataclass
-class Plan:
-    """The rewrite's decisions beside the model they are about: the main scope holds each
-    node's `NodeDecision`, each value's original and storage type, and its bodies' scopes."""
-
-    model: ModelProto
-    main: _Scope | None = None
-    stage: int = Stage.NEW
-
-    def scopes(self) -> Iterator[_Scope]:
-        """The main scope and every body's, each body after the scope that holds it."""
-        pending = [self.main] if self.main is not None else []
-        while pending:
-            scope = pending.pop()
-            yield scope
-            for children in scope.children.values():
-                pending.extend(children)
-
-
-class DecidePass(Pass[Plan]):
-    """Sweep 1: each node's precision, or the rule of `KEEP_RULES` that keeps its types.
-
-    Requires a graph with nodes or outputs. Ensures one decision per node, in node order, in
-    every scope; a reason exactly when a code from `REASON_CODES`; lowered only float values
-    that were f32 or already at the node's precision. Does not modify the model."""
-
-    name, needs_stage, gives_stage = "decide", Stage.NEW, Stage.DECIDED
-
-    def __init__(self, converter: _Converter) -> None:
-        self.cv = converter
-
-    def requires(self, plan: Plan) -> None:
-        if not plan.model.graph.node and not plan.model.graph.output:
-            self.fail("needs a graph with nodes or outputs")
-
-    def call(self, plan: Plan) -> PassResult:
-        plan.main = self.cv.decide()
-        return PassResult(modified=False)
-
-    def ensures(self, plan: Plan) -> None:
-        for scope in plan.scopes():
-            if len(scope.decisions) != len(scope.graph.node):
-                self.fail(f"scope {scope.path!r}: {len(scope.decisions)} decisions for {len(scope.graph.node)} nodes")
-            for i, (d, node) in enumerate(zip(scope.decisions, scope.graph.node)):
-                if d.path != f"{scope.path}{i}" or d.op != node.op_type:
-                    self.fail(f"decision {d.path} ({d.op}) is not about node {i} ({node.op_type}) of {scope.path!r}")
-                self._check_decision(scope, d)
-
-    def _check_decision(self, scope: _Scope, d: NodeDecision) -> None:
-        if (d.reason is None) != (d.code is None) or (d.code is not None and d.code not in REASON_CODES):
-            self.fail(f"{d.label}: reason {d.reason!r} with code {d.code!r}")
-        low = d.precision.elem_type if d.precision is not None else None
-        lowered = [(d.inputs[k], t) for k, t in d.input_types.items() if t is not None]
-        lowered += [(d.outputs[k], t) for k, t in d.output_types.items()]
-        for name, elem in lowered:
-            if elem != low or scope.orig_type(name) not in (_F32, low, None):
-                self.fail(
-                    f"{d.label}: {name!r} lowered to {elem} (node at {d.precision}, value {scope.orig_type(name)})"
-                )
-        if d.precision is not None and (d.reason is not None or not lowered):
-            self.fail(f"{d.label}: at {d.precision.value} with nothing lowered, or with a reason to keep it")
-
-
-class StorePass(Pass[Plan]):
-    """Sweep 2: each float value's storage type; sources and initializers take their
-    consumers' precision (rule source-follows-consumers).
-
-    Requires decided nodes. Ensures storage types only on float values that were f32, and
-    graph inputs (other than IR 3's weights) at their declared type under keep_io_types.
-    Modifies the model only to clamp an f32 Constant that its low readers cast down (counted
-    in `modified`)."""
-
-    name, needs_stage, gives_stage = "store", Stage.DECIDED, Stage.STORED
-
-    def __init__(self, converter: _Converter) -> None:
-        self.cv = converter
-
-    def call(self, plan: Plan) -> PassResult:
-        assert plan.main is not None
-        self.cv.store_scope(plan.main)
-        return PassResult(modified=self.cv.saturated > 0)
-
-    def ensures(self, plan: Plan) -> None:
-        for scope in plan.scopes():
-            for name, elem in scope.storage.items():
-                was = scope.orig.get(name)
-                if elem not in FLOAT_TYPES or was not in (_F32, elem):
-                    self.fail(f"{name!r} stored as {elem}, was {was}: only f32 values change type")
-        main = plan.main
-        assert main is not None
-        if self.cv.options.keep_io_types:
-            weights = {t.name for t in main.graph.initializer}  # IR < 4 declares them as inputs too
-            for vi in main.graph.input:
-                if vi.name not in weights and main.storage.get(vi.name, main.orig.get(vi.name)) != main.orig.get(
-                    vi.name
-                ):
-                    self.fail(f"graph input {vi.name!r} retyped under keep_io_types")
-
-
-class EmitPass(Pass[Plan]):
-    """Sweep 3: the model rewritten: Casts inserted, values, attributes and weights retyped.
-
-    Requires stored types. Ensures a model onnx's full checker accepts (when its weights are
-    inline), non-float values and weights at their old types, and idempotence: converting the
-    result again under the same policy and options changes nothing (except with node-path
-    keeps, whose paths are the input's). `modified` is the report's `changed`, or weights moved
-    into the sink's file."""
-
-    name, needs_stage, gives_stage = "emit", Stage.STORED, Stage.EMITTED
-
-    def __init__(self, converter: _Converter) -> None:
-        self.cv = converter
-        self.fixed: dict[str, int] = {}
-
-    def requires(self, plan: Plan) -> None:
-        self.fixed = _fixed_types(plan.model)
-
-    def call(self, plan: Plan) -> PassResult:
-        assert plan.main is not None
-        return PassResult(modified=self.cv.emit(plan.main))
-
-    def ensures(self, plan: Plan) -> None:
-        model = plan.model
-        after = _fixed_types(model)
-        moved = {name: (elem, after[name]) for name, elem in self.fixed.items() if after.get(name, elem) != elem}
-        if moved:
-            self.fail(f"non-f32 values retyped: {moved}")
-        if not any(is_external(t) for t in all_tensors(model)):
-            try:
-                onnx.checker.check_model(model, full_check=True)
-            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-                self.fail(f"the result fails onnx's checker: {first_line(e)}")
-        options = self.cv.options
-        if not options.keep_f32_paths:
-            again, report = ModelProto(), ConversionReport()
-            again.CopyFrom(model)
-            convert_model(
-                again, self.cv.policy, replace(options, cost=False, check_contracts=False), report=report, weights=False
-            )
-            if report.changed:
-                self.fail(
-                    f"converting the result again changes it ({report.casts_inserted} Casts inserted, "
-                    f"{report.casts_removed} removed)"
-                )
 
 
 def _fixed_types(model: ModelProto) -> dict[str, int]:
@@ -1579,8 +1579,8 @@ def _plan(
     report.target = options.target.value
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
-    converter = _Converter(model, policy, options, source, sink, report, weights, progress)
-    return Plan(model), (DecidePass(converter), StorePass(converter), EmitPass(converter))
+    conversion = _Conversion(model, policy, options, source, sink, report, weights, progress)
+    return Plan(model), (DecidePass(conversion), StorePass(conversion), EmitPass(conversion))
 
 
 @contextlib.contextmanager
