@@ -253,8 +253,8 @@ def test_schema_keeps_resize_scales_and_dynamic_quantize_input() -> None:
 def test_qdq_region_stays_f32() -> None:
     report = ConversionReport()
     converted = convert(HEALTHY["qdq_model"]().model, "always-f16", report=report)
-    kept = {k.node: k.reason for k in report.kept_f32}
-    assert kept["conv"].startswith("qdq") and kept["relu"].startswith("qdq")
+    kept = {k.node: k.code for k in report.kept_f32}
+    assert kept["conv"] == kept["relu"] == "qdq-region"
     assert report.casts_inserted == 0
     assert _node(converted, "conv").input[:2] == ["x_dq", "w_dq"]
 
@@ -267,8 +267,8 @@ def test_control_flow_bodies_are_rewritten() -> None:
     assert len(report.decisions) == sum(1 for _ in all_nodes(original))
     assert report.decisions[_path_of(original, "inner_tanh")] == "f16"
     assert report.decisions[_path_of(original, "then_mul")] == "f16"
-    kept = {k.node: k.reason for k in report.kept_f32}
-    assert kept["branch"].startswith("control-flow") and kept["outer_loop"].startswith("control-flow")
+    kept = {k.node: k.code for k in report.kept_f32}
+    assert kept["branch"] == kept["outer_loop"] == "control-flow"
     inferred = elem_types(onnx.shape_inference.infer_shapes(converted))
     body_types = [inferred[n] for n in ("vt", "a_else", "e")]
     assert body_types == [TensorProto.FLOAT16] * 3
