@@ -233,6 +233,34 @@ def test_emulation_of_a_model_with_external_data(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx", "mlp.onnx.data", "out.onnx", data_file(out).name, "r.json"]
 
 
+def test_emulation_computes_with_the_candidates_own_weights(tmp_path: Path) -> None:
+    """An emulated candidate takes the low weights the candidate holds, not the reference's
+    narrowed again: a foreign candidate with one wrong f16 weight fails, with or without
+    external data, and rlx-amp's own output gives the same figures either way."""
+    from fixtures.make_fixtures import write_external
+
+    for name, src in (("inline", Path(_save("transformer_block", tmp_path))),
+                      ("external", write_external(HEALTHY["mlp_external"](), tmp_path / "mlp.onnx"))):
+        out = tmp_path / f"{name}16.onnx"
+        convert_file(src, out, "always-f16")
+        options = VerifyOptions(provider="cpu", spec=InputSpec(samples=2))
+        good = verify(src, out, options)
+        assert good.emulated and good.passed, name
+        cand = onnx.load(str(out))  # its weights read in, inline from here on
+        weight = max((t for t in cand.graph.initializer if t.data_type == TensorProto.FLOAT16), key=lambda t: t.raw_data.__len__())
+        values = onnx.numpy_helper.to_array(weight)
+        weight.CopyFrom(onnx.numpy_helper.from_array((values * np.float16(1.5)).astype(np.float16), weight.name))
+        bad_path = tmp_path / f"{name}_bad16.onnx"
+        onnx.save(cand, str(bad_path))
+        bad = verify(src, bad_path, options)
+        assert bad.emulated and not bad.passed, f"{name}: a wrong {weight.name} passed the emulated check"
+        # The model as written, its weights unchanged, re-saved inline: the same figures as before.
+        same_path = tmp_path / f"{name}_same16.onnx"
+        onnx.save(onnx.load(str(out)), str(same_path))
+        same = verify(src, same_path, options)
+        assert [o.max_abs for o in same.outputs] == [o.max_abs for o in good.outputs], name
+
+
 def test_inputs_from_a_directory_of_pb_tensors(tmp_path: Path) -> None:
     src = _save("conv_net", tmp_path)
     out = tmp_path / "out.onnx"

@@ -285,9 +285,11 @@ def emulated_model(
     scratch: Scratch,
     progress: Progress | None = None,
     label: str = "reference",
+    cand_dir: Path | None = None,
 ) -> onnx.ModelProto:
     """The reference with every value the candidate holds in low precision rounded to it;
-    rounded external weights go to `scratch`, the rest still reads the reference's data."""
+    rounded external weights go to `scratch`, the rest still reads the reference's data.
+    With `cand_dir` (where the candidate's data is), low weights are the candidate's own."""
     source = WeightSource(ref_dir, label)
     sink: WeightSink = WeightSink()
     locations = external_locations(all_tensors(ref_model))
@@ -298,7 +300,8 @@ def emulated_model(
         sink = ExternalSink(scratch.workspace(ref_dir) / name, name)
     try:
         step = (lambda done, total: progress("rounding weights", done, total)) if progress is not None else None
-        model, rounded = emulate(ref_model, cand_model, source, sink, progress=step)
+        candidate = WeightSource(cand_dir, "candidate") if cand_dir is not None else None
+        model, rounded = emulate(ref_model, cand_model, source, sink, progress=step, candidate_source=candidate)
     finally:
         sink.close()
     logger.info("emulated candidate: %d values rounded", rounded)
@@ -364,7 +367,8 @@ def open_compared(
         base = cand_path.parent if cand_path is not None else ref_dir
         return Compared(cand_model, base, session, precision, low, False, None, loaded)
     session = None  # free it first, so at most two sessions are held
-    model = emulated_model(ref_model, ref_dir, cand_model, scratch, progress)
+    cand_dir = cand_path.parent if cand_path is not None else None
+    model = emulated_model(ref_model, ref_dir, cand_model, scratch, progress, cand_dir=cand_dir)
     return Compared(
         model,
         ref_dir,

@@ -1,11 +1,13 @@
 """Precision emulation: the original f32 graph, with every value that the converted model holds
 in low precision rounded to that precision.
 
-Weights and Constant values are narrowed exactly as the converter narrows them (clamped) and
-widened back; computed values get a Cast round trip (f32 -> low -> f32) right after their
-producer, under their original name. So an f16 or bf16 conversion gets a drift figure on any
-provider that runs f32, including onnxruntime's CPU provider, which computes most f16 ops in f32
-and runs no bf16 arithmetic at all.
+Weights and Constant values take the values the candidate holds: a weight the candidate stores
+in low precision is read from the candidate and widened (when its data is given), anything else
+is narrowed exactly as the converter narrows it (clamped) and widened back. Computed values
+get a Cast round trip (f32 -> low -> f32) right after their producer, under their original name.
+So an f16 or bf16 conversion gets a drift figure on any provider that runs f32, including
+onnxruntime's CPU provider, which computes most f16 ops in f32 and runs no bf16 arithmetic at
+all.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rlx_onnx_amp.types import FreshNames, all_graphs, model_types
 __all__ = ["emulate", "low_precision_values"]
 
 _F32 = TensorProto.FLOAT
+_LOW_TYPES = FLOAT_TYPES - {_F32}
 
 
 def low_precision_values(candidate: ModelProto) -> dict[str, int]:
@@ -97,8 +100,13 @@ def emulate(
     *,
     computed: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    candidate_source: WeightSource | None = None,
 ) -> tuple[ModelProto, int]:
     """The emulated candidate, and how many values it rounds. Rounded weights go to `sink`.
+
+    With `candidate_source` (the candidate's weights), a weight the candidate holds in low
+    precision is its stored value widened: what the candidate computes with, whichever tool
+    wrote it, read at half the bytes and without narrowing again.
 
     With `computed=False` weights and constants are only clamped to the low type's range, as
     converted, and not rounded: the f32 graph then shows the magnitudes the converted model's
@@ -107,7 +115,9 @@ def emulate(
     """
     model = ModelProto()
     model.CopyFrom(reference)
-    emulation = _Emulation(model, reference, candidate, source or WeightSource(None), sink or WeightSink(), computed)
+    emulation = _Emulation(
+        model, reference, candidate, source or WeightSource(None), sink or WeightSink(), computed, candidate_source
+    )
     # Bodies first: rewriting a graph copies its nodes, bodies included, so a body must be
     # final before the graph that holds it is rewritten.
     graphs = list(reversed(all_graphs(model.graph)))
@@ -137,8 +147,16 @@ class _Emulation:
         source: WeightSource,
         sink: WeightSink,
         computed: bool,
+        candidate_source: WeightSource | None = None,
     ) -> None:
         self.low = low_precision_values(candidate)
+        self.candidate_source = candidate_source
+        # The candidate's low weights by name, where its data can be read.
+        self.held = (
+            {t.name: t for g in all_graphs(candidate.graph) for t in g.initializer if t.data_type in _LOW_TYPES}
+            if candidate_source is not None and computed
+            else {}
+        )
         self.narrowed_reads = _narrowed_reads(candidate, self.low) if computed else {}
         self.saturated = _saturated_sources(candidate, self.low)
         self.source, self.sink, self.computed = source, sink, computed
@@ -152,6 +170,12 @@ class _Emulation:
     def round_tensor(self, tensor: TensorProto, elem: int) -> None:
         precision = precision_of_elem_type(elem)
         assert precision is not None
+        held = self.held.get(tensor.name)
+        if held is not None and held.data_type == elem and held.dims == tensor.dims:
+            assert self.candidate_source is not None
+            self.sink.store(tensor, self.candidate_source.read(held).astype(np.float32), _F32)
+            self.rounded += 1
+            return
         values = self.source.read(tensor).astype("float32")
         if self.computed:
             values = narrow(values, precision)[0].astype("float32")
