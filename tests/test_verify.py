@@ -261,6 +261,25 @@ def test_emulation_computes_with_the_candidates_own_weights(tmp_path: Path) -> N
         assert [o.max_abs for o in same.outputs] == [o.max_abs for o in good.outputs], name
 
 
+def test_emulation_computes_with_the_candidates_own_constants(tmp_path: Path) -> None:
+    """Likewise for Constant values: a candidate whose f16 Constant `w` is wrong fails."""
+    src = tmp_path / "c.onnx"
+    onnx.save(HEALTHY["constant_weights"]().model, str(src))
+    out = tmp_path / "c16.onnx"
+    convert_file(src, out, "always-f16")
+    options = VerifyOptions(provider="cpu", spec=InputSpec(samples=2))
+    assert verify(src, out, options).passed
+    cand = onnx.load(str(out))
+    node = next(n for n in cand.graph.node if n.op_type == "Constant" and n.output[0] == "w")
+    value = node.attribute[0].t
+    assert value.data_type == TensorProto.FLOAT16
+    wrong = (onnx.numpy_helper.to_array(value) * np.float16(-1)).astype(np.float16)
+    value.CopyFrom(onnx.numpy_helper.from_array(wrong, value.name))
+    onnx.save(cand, str(tmp_path / "wrong16.onnx"))
+    bad = verify(src, tmp_path / "wrong16.onnx", options)
+    assert bad.emulated and not bad.passed
+
+
 def test_inputs_from_a_directory_of_pb_tensors(tmp_path: Path) -> None:
     src = _save("conv_net", tmp_path)
     out = tmp_path / "out.onnx"

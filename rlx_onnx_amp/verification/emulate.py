@@ -70,6 +70,20 @@ def _narrowed_reads(candidate: ModelProto, low: dict[str, int]) -> dict[str, dic
     return reads
 
 
+def _low_constants(candidate: ModelProto) -> dict[str, TensorProto]:
+    """Constant-like values the candidate holds as a low-precision tensor: output name -> tensor."""
+    found: dict[str, TensorProto] = {}
+    for graph in all_graphs(candidate.graph):
+        for node in graph.node:
+            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+            if attr_name and node.output:
+                for attr in node.attribute:
+                    tensor_attr = attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR
+                    if tensor_attr and attr.t.data_type in _LOW_TYPES:
+                        found[node.output[0]] = attr.t
+    return found
+
+
 def _saturated_sources(candidate: ModelProto, low: dict[str, int]) -> dict[str, TensorProto]:
     """Constant-like values the candidate holds in f32 whose tensor the converter clamped to a
     low range (its op could not hold the low type): output name -> the candidate's tensor."""
@@ -150,13 +164,15 @@ class _Emulation:
         candidate_source: WeightSource | None = None,
     ) -> None:
         self.low = low_precision_values(candidate)
-        self.candidate_source = candidate_source
-        # The candidate's low weights by name, where its data can be read.
+        self.candidate_source = candidate_source or WeightSource(None)
+        # The candidate's low weights by name, where its data can be read, and its low
+        # Constant values (always inline) by output name.
         self.held = (
             {t.name: t for g in all_graphs(candidate.graph) for t in g.initializer if t.data_type in _LOW_TYPES}
             if candidate_source is not None and computed
             else {}
         )
+        self.held_constants = _low_constants(candidate) if computed else {}
         self.narrowed_reads = _narrowed_reads(candidate, self.low) if computed else {}
         self.saturated = _saturated_sources(candidate, self.low)
         self.source, self.sink, self.computed = source, sink, computed
@@ -167,12 +183,13 @@ class _Emulation:
         self.f32_names = {n for scope in model_types(reference).values() for n, t in scope.items() if t == _F32}
         self.rounded = 0
 
-    def round_tensor(self, tensor: TensorProto, elem: int) -> None:
+    def round_tensor(self, tensor: TensorProto, elem: int, held: TensorProto | None = None) -> None:
+        """`tensor` as the candidate holds it at `elem`: `held` (the candidate's own tensor) or
+        the candidate's weight of that name widened, else narrowed here and widened."""
         precision = precision_of_elem_type(elem)
         assert precision is not None
-        held = self.held.get(tensor.name)
+        held = held if held is not None else self.held.get(tensor.name)
         if held is not None and held.data_type == elem and held.dims == tensor.dims:
-            assert self.candidate_source is not None
             self.sink.store(tensor, self.candidate_source.read(held).astype(np.float32), _F32)
             self.rounded += 1
             return
@@ -233,7 +250,7 @@ class _Emulation:
             attrs = {a.name: a for a in node.attribute}
             value = attrs.get(attr_name)
             if value is not None and value.type == onnx.AttributeProto.TENSOR and value.t.data_type == _F32:
-                self.round_tensor(value.t, self.low[node.output[0]])
+                self.round_tensor(value.t, self.low[node.output[0]], self.held_constants.get(node.output[0]))
                 return True
         return False
 
