@@ -289,7 +289,8 @@ def emulated_model(
 ) -> onnx.ModelProto:
     """The reference with every value the candidate holds in low precision rounded to it;
     rounded external weights go to `scratch`, the rest still reads the reference's data.
-    With `cand_dir` (where the candidate's data is), low weights are the candidate's own."""
+    With `cand_dir` (where the candidate's data is), or when its weights are all inline, low
+    weights are the candidate's own."""
     source = WeightSource(ref_dir, label)
     sink: WeightSink = WeightSink()
     locations = external_locations(all_tensors(ref_model))
@@ -300,7 +301,9 @@ def emulated_model(
         sink = ExternalSink(scratch.workspace(ref_dir) / name, name)
     try:
         step = (lambda done, total: progress("rounding weights", done, total)) if progress is not None else None
-        candidate = WeightSource(cand_dir, "candidate") if cand_dir is not None else None
+        # The candidate's own low weights: from its directory, or inline (repair's candidates).
+        inline = not external_locations(all_tensors(cand_model))
+        candidate = WeightSource(cand_dir, "candidate") if cand_dir is not None or inline else None
         model, rounded = emulate(ref_model, cand_model, source, sink, progress=step, candidate_source=candidate)
     finally:
         sink.close()
