@@ -649,22 +649,38 @@ class _Outcome:
 _START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+#: Whether this worker is converting a model (the SIGTERM handler unwinds it) or waiting for
+#: the next one inside the pool's queue (where an exception would be the pool's traceback).
+_converting = False
+
+
 def _worker_start(threads: int) -> None:
-    """A worker: SIGTERM unwinds (staging cleaned, a commit finished first); SIGINT is left to
-    the parent, which stops every worker with SIGTERM; onnxruntime shares the CPUs."""
-    signal.signal(signal.SIGTERM, raise_terminated)
+    """A worker: SIGTERM unwinds a conversion (staging cleaned, a commit finished first) and
+    ends an idle worker at once; SIGINT is left to the parent, which stops every worker with
+    SIGTERM; onnxruntime shares the CPUs."""
+    signal.signal(signal.SIGTERM, _worker_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     compare.SESSION_THREADS = threads
 
 
+def _worker_sigterm(signum: int, frame: object) -> None:
+    if _converting:
+        raise_terminated(signum, frame)
+    os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
+
+
 def _worker_convert(task: tuple[int, _ConvertJob, str, str]) -> tuple[int, _Outcome]:
+    global _converting
     index, job, src, dst = task
     out, err = io.StringIO(), io.StringIO()
     try:
+        _converting = True
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             job.convert_own(src, dst)
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         os._exit(EXIT_SIGTERM)
+    finally:
+        _converting = False
     return index, _Outcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
 
 

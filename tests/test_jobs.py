@@ -80,6 +80,39 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_a_worker_waits_for_work_ends_it_quietly(tmp_path: Path, signum: int) -> None:
+    """One long model and two tiny ones on three workers: the tiny ones are committed while
+    the long one converts, and the two other workers then wait in the pool's queue (one
+    reading it, one waiting for its lock). A signal then ends the batch without a traceback
+    from a waiting worker (one once raised Terminated inside the pool's own code)."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    out.mkdir()
+    long_model = write_external(mlp_external(width=4096), inp / "long.onnx")
+    tiny = []
+    for k in range(2):
+        path = inp / f"tiny{k}.onnx"
+        onnx.save(HEALTHY["conv_net"]().model, str(path))
+        tiny.append(path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlx_onnx_amp", str(long_model), *map(str, tiny), "--policy", "always-f16",
+         "--out-dir", str(out), "--verify", "--provider", "cpu", "--jobs", "3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not all((out / p.name).exists() for p in tiny) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all((out / p.name).exists() for p in tiny), "the tiny models were never written"
+    assert proc.poll() is None, "the long model finished before the signal: nothing was tested"
+    time.sleep(0.3)  # the idle workers back in the queue
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == (130 if signum == signal.SIGINT else 143), (proc.returncode, stderr)
+    assert "Traceback" not in stderr, stderr
+    assert not (out / "long.onnx").exists() and not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the worker processes")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path, signum: int) -> None:
