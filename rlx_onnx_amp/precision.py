@@ -16,7 +16,15 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
-__all__ = ["FLOAT_TYPES", "LOW_PRECISIONS", "PRECISIONS", "Precision", "PrecisionInfo", "precision_of_elem_type"]
+__all__ = [
+    "FLOAT_TYPES",
+    "LOW_PRECISIONS",
+    "LOW_TYPES",
+    "PRECISIONS",
+    "Precision",
+    "PrecisionInfo",
+    "precision_of_elem_type",
+]
 
 
 class Precision(str, enum.Enum):
@@ -122,6 +130,8 @@ LOW_PRECISIONS = frozenset(p.value for p in PRECISIONS if p is not Precision.F32
 #: Element types the converter may retype. Everything else (integers, bool, strings, double,
 #: packed and fp8 types) is never touched.
 FLOAT_TYPES = frozenset(info.elem_type for info in PRECISIONS.values())
+#: The element types of the precisions below f32.
+LOW_TYPES = frozenset(info.elem_type for p, info in PRECISIONS.items() if p is not Precision.F32)
 
 _BY_ELEM_TYPE = {info.elem_type: p for p, info in PRECISIONS.items()}
 

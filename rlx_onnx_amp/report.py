@@ -67,8 +67,9 @@ class ConversionReport:
     #: flow, unknown ops and nodes already in f32 are not among them.
     keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
     data_files: list[str] = field(default_factory=list)  # external data files written beside the output
-    #: Whether the rewrite changed anything (a node lowered, a Cast inserted or removed, a
-    #: weight narrowed): False says the output is the input in other bytes at most.
+    #: Whether the rewrite changed the model (a Cast inserted or removed, an input rewired, a
+    #: value, attribute or weight retyped): False says the output is the input, its weights
+    #: perhaps moved to another data file. A node already at its low precision changes nothing.
     changed: bool = True
     cost: Cost | None = None  # what the conversion buys (`rlx_onnx_amp.cost`)
     verify: dict[str, Any] | None = None

@@ -49,7 +49,7 @@ from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.passes import Pass, PassResult, run_passes
 from rlx_onnx_amp.policy import Policy, policy_from_name
-from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision, precision_of_elem_type
+from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, TypeGroup, signature
 from rlx_onnx_amp.taxonomy import (
@@ -354,6 +354,7 @@ KEEP_RULES: tuple[KeepRule, ...] = (
     KeepRule("no-schema", _no_schema),
 )
 NODE_RULES = tuple(r for r in KEEP_RULES if r.per_node)
+_RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,7 +399,6 @@ VARIABLE_RULES: tuple[VariableRule, ...] = (
     VariableRule("other-type", _other_type),
     VariableRule("type-variable", _not_admitted),
 )
-_RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
 
 
 class _Conversion:
@@ -434,8 +434,12 @@ class _Conversion:
         self.edits = 0  # rewired inputs, renamed outputs, retyped values, attributes and weights
         self.saturated = 0  # f32 sources clamped to the low range (the store pass)
         self.relocated = False  # unconverted weights moved into the sink's file
-        self.changed = False  # a Cast inserted or removed, or an edit: what the report says
         self.clamped: dict[str, ClampStats] = {}
+
+    @property
+    def changed(self) -> bool:
+        """A Cast inserted or removed, or an edit: what the report says."""
+        return bool(self.casts_inserted or self.casts_removed or self.edits)
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(canonical_domain(domain), 1)
@@ -977,16 +981,14 @@ class StorePass(Pass[Plan]):
         if self.cx.options.keep_io_types:
             weights = {t.name for t in main.graph.initializer}  # IR < 4 declares them as inputs too
             for vi in main.graph.input:
-                if vi.name not in weights and main.storage.get(vi.name, main.orig.get(vi.name)) != main.orig.get(
-                    vi.name
-                ):
+                if vi.name not in weights and main.storage.get(vi.name) not in (None, main.orig.get(vi.name)):
                     self.fail(f"graph input {vi.name!r} retyped under keep_io_types")
 
     def _single_low(self, scope: _Scope, name: str) -> int | None:
         wants = scope.wants.get(name, set())
         if len(wants) == 1:
             (elem,) = wants
-            if elem in FLOAT_TYPES and elem != _F32:
+            if elem in LOW_TYPES:
                 return elem
         return None
 
@@ -1091,7 +1093,6 @@ class EmitPass(Pass[Plan]):
         self.emit_scope(main)
         if self.cx.casts_inserted:
             self._ensure_default_opset()
-        self.cx.changed = bool(self.cx.casts_inserted or self.cx.casts_removed or self.cx.edits)
         self._fill_report(main)
         return self.cx.changed or self.cx.relocated
 
@@ -1383,21 +1384,18 @@ class EmitPass(Pass[Plan]):
             before = tensor_nbytes(init)
             self.cx.report.initializer_bytes_before += before
             target = scope.storage.get(init.name)
-            if target is not None and target != init.data_type:
+            # The precision it is narrowed to (storage types are float types), or None.
+            precision = precision_of_elem_type(target) if target is not None and target != init.data_type else None
+            if precision is not None:
                 self.cx.edits += 1
             if not self.cx.weights:
-                if target is not None and target != init.data_type:
-                    init.data_type = target  # for the cost model only: a dry run's data stays as it was
-                    precision = precision_of_elem_type(target)
-                    self.cx.report.initializer_bytes_after += (
-                        before // 4 * precision.info.np_dtype.itemsize if precision else before
-                    )
+                if precision is not None:
+                    init.data_type = precision.elem_type  # for the cost model only: a dry run's data stays as it was
+                    self.cx.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
                 else:
                     self.cx.report.initializer_bytes_after += before
                 continue
-            if target is not None and target != init.data_type:
-                precision = precision_of_elem_type(target)
-                assert precision is not None
+            if precision is not None:
                 if self.batching and self._batch(precision).add(init, init.name):
                     self.cx.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
                     if self.cx.progress is not None:

@@ -302,8 +302,8 @@ def emulated_model(
     try:
         step = (lambda done, total: progress("rounding weights", done, total)) if progress is not None else None
         # The candidate's own low weights: from its directory, or inline (repair's candidates).
-        inline = not external_locations(all_tensors(cand_model))
-        candidate = WeightSource(cand_dir, "candidate") if cand_dir is not None or inline else None
+        readable = cand_dir is not None or not external_locations(all_tensors(cand_model))
+        candidate = WeightSource(cand_dir, "candidate") if readable else None
         model, rounded = emulate(ref_model, cand_model, source, sink, progress=step, candidate_source=candidate)
     finally:
         sink.close()

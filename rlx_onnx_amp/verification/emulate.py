@@ -12,13 +12,13 @@ all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
+from rlx_onnx_amp.precision import LOW_TYPES, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import WeightSink, WeightSource, narrow
 from rlx_onnx_amp.types import FreshNames, all_graphs, model_types
@@ -26,7 +26,6 @@ from rlx_onnx_amp.types import FreshNames, all_graphs, model_types
 __all__ = ["emulate", "low_precision_values"]
 
 _F32 = TensorProto.FLOAT
-_LOW_TYPES = FLOAT_TYPES - {_F32}
 
 
 def low_precision_values(candidate: ModelProto) -> dict[str, int]:
@@ -35,11 +34,11 @@ def low_precision_values(candidate: ModelProto) -> dict[str, int]:
     low: dict[str, int] = {}
     for scope in types.values():
         for name, elem in scope.items():
-            if elem in FLOAT_TYPES and elem != _F32:
+            if elem in LOW_TYPES:
                 low[name] = elem
     for graph in all_graphs(candidate.graph):
         for init in graph.initializer:
-            if init.data_type in FLOAT_TYPES and init.data_type != _F32:
+            if init.data_type in LOW_TYPES:
                 low[init.name] = init.data_type
     # A value widened back to f32 from a low one (a graph output cast back under its original
     # name) carries the low value's rounding.
@@ -70,40 +69,30 @@ def _narrowed_reads(candidate: ModelProto, low: dict[str, int]) -> dict[str, dic
     return reads
 
 
-def _low_constants(candidate: ModelProto) -> dict[str, TensorProto]:
-    """Constant-like values the candidate holds as a low-precision tensor: output name -> tensor."""
-    found: dict[str, TensorProto] = {}
-    for graph in all_graphs(candidate.graph):
+def _source_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto]]:
+    """(output name, tensor) of every Constant-like node whose value is a tensor attribute."""
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
             if attr_name and node.output:
                 for attr in node.attribute:
-                    tensor_attr = attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR
-                    if tensor_attr and attr.t.data_type in _LOW_TYPES:
-                        found[node.output[0]] = attr.t
-    return found
+                    if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
+                        yield node.output[0], attr.t
+
+
+def _low_constants(candidate: ModelProto) -> dict[str, TensorProto]:
+    """Constant-like values the candidate holds as a low-precision tensor: output name -> tensor."""
+    return {name: t for name, t in _source_tensors(candidate) if t.data_type in LOW_TYPES}
 
 
 def _saturated_sources(candidate: ModelProto, low: dict[str, int]) -> dict[str, TensorProto]:
     """Constant-like values the candidate holds in f32 whose tensor the converter clamped to a
     low range (its op could not hold the low type): output name -> the candidate's tensor."""
-    found: dict[str, TensorProto] = {}
-    for graph in all_graphs(candidate.graph):
-        for node in graph.node:
-            attr_name = SOURCE_VALUE_ATTRIBUTES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
-            if not attr_name or not node.output or node.output[0] in low:
-                continue
-            for attr in node.attribute:
-                t = attr.t
-                inline = t.data_location != TensorProto.EXTERNAL
-                if (
-                    attr.name == attr_name
-                    and attr.type == onnx.AttributeProto.TENSOR
-                    and t.data_type == _F32
-                    and inline
-                ):
-                    found[node.output[0]] = t
-    return found
+    return {
+        name: t
+        for name, t in _source_tensors(candidate)
+        if name not in low and t.data_type == _F32 and t.data_location != TensorProto.EXTERNAL
+    }
 
 
 def emulate(
@@ -168,7 +157,7 @@ class _Emulation:
         # The candidate's low weights by name, where its data can be read, and its low
         # Constant values (always inline) by output name.
         self.held = (
-            {t.name: t for g in all_graphs(candidate.graph) for t in g.initializer if t.data_type in _LOW_TYPES}
+            {t.name: t for g in all_graphs(candidate.graph) for t in g.initializer if t.data_type in LOW_TYPES}
             if candidate_source is not None and computed
             else {}
         )
