@@ -18,8 +18,9 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from baseline import worktree  # bench/ is on sys.path: the scripts run as bench/NAME.py
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,14 +69,8 @@ def main() -> None:
     parser.add_argument("--node-cases", type=int, default=400)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "identical.json")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="rlx-amp-baseline-") as tmp:
-        baseline = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "-f", "--detach", str(baseline), args.baseline_rev], check=True,
-                       capture_output=True, cwd=REPO)
-        try:
-            before = digests(baseline, args.node_cases)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], capture_output=True, cwd=REPO)
+    with worktree(args.baseline_rev) as (baseline, _):
+        before = digests(baseline, args.node_cases)
     after = digests(REPO, args.node_cases)
     differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     errors = sum(v.startswith("error") for v in after.values())

@@ -58,9 +58,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
+
+from baseline import worktree  # bench/ is on sys.path: the scripts run as bench/NAME.py
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -330,28 +331,6 @@ def _tree_at(label: str, root: Path, cwd: Path) -> Tree:
     return Tree(label, [sys.executable, "-m", "rlx_onnx_amp"], env, cwd, str(module))
 
 
-@contextlib.contextmanager
-def _worktree(rev: str) -> Iterator[tuple[Path, str]]:
-    """REV checked out (detached) into a temporary directory: yields (root, commit); the worktree
-    is removed on exit, also on error."""
-    with tempfile.TemporaryDirectory(prefix="rlx-amp-baseline-") as tmp:
-        root = Path(tmp) / "tree"
-        add = subprocess.run(["git", "worktree", "add", "-f", "--detach", str(root), rev], capture_output=True,
-                             text=True, cwd=REPO)
-        if add.returncode != 0:
-            raise SystemExit(f"git worktree add {rev} failed: {add.stderr.strip()}")
-        try:
-            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root, check=True)
-            yield root, head.stdout.strip()
-        finally:
-            rm = subprocess.run(["git", "worktree", "remove", "--force", str(root)], capture_output=True, text=True,
-                                cwd=REPO)
-            if rm.returncode != 0:
-                print(f"git worktree remove {root}: {rm.stderr.strip()}; removing it and pruning", flush=True)
-                shutil.rmtree(root, ignore_errors=True)
-                subprocess.run(["git", "worktree", "prune"], capture_output=True, cwd=REPO)
-
-
 def _safe(label: str) -> str:
     """`label` as part of a file name (REV may hold / or ~)."""
     return re.sub(r"[^\w.@+-]", "_", label)
@@ -599,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_rev:
         # SIGTERM ends the run through SystemExit, so the worktree is removed as on any error.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        with _worktree(args.baseline_rev) as (root, commit), tempfile.TemporaryDirectory(prefix="rlx-amp-cwd-") as cwd:
+        with worktree(args.baseline_rev) as (root, commit), tempfile.TemporaryDirectory(prefix="rlx-amp-cwd-") as cwd:
             # Both run alike (python3 -m, PYTHONPATH, same cwd outside the repo) so only the code differs.
             trees = [_tree_at("rlx", REPO, Path(cwd)), _tree_at(f"rlx@{args.baseline_rev}", root, Path(cwd))]
             result = mode_model(args, trees) if args.model else mode_nodes(args, trees)

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from baseline import worktree  # bench/ is on sys.path: the scripts run as bench/NAME.py
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -76,21 +78,15 @@ def main() -> None:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     modes = [("verify", [])] + ([("verify --localize", ["--localize"])] if args.localize else [])
     rows = []
-    with tempfile.TemporaryDirectory(prefix="rlx-amp-baseline-") as tmp:
-        baseline = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "-f", "--detach", str(baseline), args.baseline_rev],
-                       check=True, capture_output=True, cwd=REPO)
-        try:
-            for mode, extra in modes:
-                for label, tree in ((f"baseline {args.baseline_rev}", baseline), (f"this {head.strip()}", REPO)):
-                    cmd = ["verify", str(args.reference), str(args.candidate), "--provider", "cpu", "-q", *extra]
-                    row = {"mode": mode, "tree": label, **run(tree, cmd)}
-                    row["rss_over_model"] = round(row["peak_rss_gb"] * 1e9 / size, 2) if row["peak_rss_gb"] else None
-                    rows.append(row)
-                    print(f"{mode:18s} {label:18s} exit {row['exit']}  wall {row['wall_s']:7.1f} s  "
-                          f"peak RSS {row['peak_rss_gb']} GB  ({row['rss_over_model']} x the model)", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], capture_output=True, cwd=REPO)
+    with worktree(args.baseline_rev) as (baseline, _):
+        for mode, extra in modes:
+            for label, tree in ((f"baseline {args.baseline_rev}", baseline), (f"this {head.strip()}", REPO)):
+                cmd = ["verify", str(args.reference), str(args.candidate), "--provider", "cpu", "-q", *extra]
+                row = {"mode": mode, "tree": label, **run(tree, cmd)}
+                row["rss_over_model"] = round(row["peak_rss_gb"] * 1e9 / size, 2) if row["peak_rss_gb"] else None
+                rows.append(row)
+                print(f"{mode:18s} {label:18s} exit {row['exit']}  wall {row['wall_s']:7.1f} s  "
+                      f"peak RSS {row['peak_rss_gb']} GB  ({row['rss_over_model']} x the model)", flush=True)
     print(f"\nmodel {args.reference} ({size / 1e9:.2f} GB with its data), candidate {args.candidate}")
     print("| mode | tree | exit | wall s | peak RSS GB | RSS / model size |")
     print("|---|---|---|---|---|---|")
