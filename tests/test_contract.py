@@ -241,7 +241,8 @@ def test_every_flag_in_readme_is_accepted() -> None:
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", readme))
     pip_and_pytest = {"--external", "--minimality", "--nodes", "--model", "--peers-max-nodes", "--peer-timeout",
                       "--contenders", "--no-deps", "--target", "--index", "--workdir", "--keep", "--seed", "--models",
-                      "--budget", "--baseline-rev", "--rounds", "--repeats", "--repeat"}
+                      "--budget", "--baseline-rev", "--rounds", "--repeats", "--repeat", "--node-cases",
+                      "--emulation"}
     unknown = sorted(named - _cli_flags() - pip_and_pytest)
     assert not unknown, f"README names flags the CLI does not accept: {unknown}"
 
