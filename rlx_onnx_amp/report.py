@@ -11,13 +11,18 @@ from rlx_onnx_amp.taxonomy import OpKind
 
 __all__ = ["REASON_CODES", "ConversionReport", "KeptNode"]
 
-#: Why a node keeps its types: stable codes for reports, repair and tests (the rule of
-#: docs/design.md each comes from), whatever the reason's wording; in precedence order, the
-#: order of `rewrite.KEEP_RULES` followed by the two that lowering a schema's type variables gives.
+#: The code of each of the rules stopping a node from simply running at its kind's precision, in
+#: precedence order (`rewrite.KEEP_RULES` is the same list): stable for reports, repair and
+#: tests, whatever the reason's wording. `kept_f32[].code` holds those that keep a node the
+#: policy wanted lower; the others (a source, a Cast, the policy's own f32, nothing to lower)
+#: are silent, and only `why_not_keepable` names them.
 REASON_CODES: dict[str, str] = {
+    "source-follows-consumers": "Constant/ConstantOfShape: its values take the precision its readers want",
+    "cast-keeps-to": "an existing Cast, CastLike or BitCast keeps the type it makes",
     "non-tensor": "reads or makes sequence/optional values, which keep their types",
     "control-flow": "If/Loop/Scan: the interface keeps its types, the bodies are rewritten",
     "unknown-op": "an op the taxonomy does not know",
+    "policy-f32": "the policy runs its kind at f32",
     "user-keep": "kept on request: --keep-f32-op, --keep-f32-node, or a node path (repair's keeps)",
     "cast-unavailable": "the Casts around it cannot be written at the model's default-domain opset",
     "kernel-gap": "onnxruntime has no kernel for it in low precision with these attributes",
@@ -25,6 +30,7 @@ REASON_CODES: dict[str, str] = {
     "no-schema": "no schema for the op at the model's opset",
     "schema-admits": "a type variable of its schema does not admit the low type",
     "kernel-table": "the target provider has no kernel for the op in the low type",
+    "nothing-to-lower": "none of its type variables holds f32 values (integers, bool, or values already low)",
 }
 
 
@@ -66,6 +72,9 @@ class ConversionReport:
     #: repair may spend an evaluation on. Constant-like nodes, fixed-type ops (Cast), control
     #: flow, unknown ops and nodes already in f32 are not among them.
     keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Node path -> the code of the deciding rule (REASON_CODES), for every node one of the rules
+    #: stopped from running at its kind's precision, silent rules included.
+    rules: dict[str, str] = field(default_factory=dict)
     data_files: list[str] = field(default_factory=list)  # external data files written beside the output
     #: Whether the rewrite changed the model (a Cast inserted or removed, an input rewired, a
     #: value, attribute or weight retyped): False says the output is the input, its weights
@@ -112,12 +121,13 @@ class ConversionReport:
         return data
 
     def why_not_keepable(self, path: str) -> str | None:
-        """None when a keep of node `path` changes the conversion; else why it cannot."""
+        """None when a keep of node `path` changes the conversion; else why it cannot: the
+        deciding rule of the node, from the converter's list of rules."""
         if path in self.keepable:
             return None
-        precision = self.decisions.get(path)
-        if precision is None:
+        if path not in self.decisions:
             return "no such node"
-        if precision in ("f32", "none"):
+        code = self.rules.get(path)
+        if code is None:
             return "it already keeps its original types"
-        return "its types follow its consumers or are fixed by its op (a Constant-like node, a Cast, control flow)"
+        return f"rule {code}: {REASON_CODES[code]}"

@@ -5,10 +5,10 @@ The rewrite is three passes with contracts (`DecidePass`, `StorePass`, `EmitPass
 of one `Plan`:
 
 1. **Decide.** Each node gets a precision from its op kind through the policy, unless a rule of
-   `KEEP_RULES` keeps its original types (the first that fires, in that order, decides); the
-   type variables of a lowered node are lowered unless a rule of `VARIABLE_RULES` keeps one
-   (Resize `scales`: rule type-variable). `Cast` keeps its `to` (rule cast-keeps-to);
-   Constant/ConstantOfShape are sources (rule source-follows-consumers).
+   `KEEP_RULES` stops it (the first that fires, in that order, decides: `Cast` keeps its `to`,
+   Constant/ConstantOfShape are sources that follow their readers, a user keep, a kernel
+   gap...); the type variables of a lowered node are lowered unless a rule of `VARIABLE_RULES`
+   keeps one (Resize `scales`: rule type-variable).
 2. **Store.** Each float value gets a storage type: node outputs from their producer's
    decision; initializers and Constant values are narrowed in place when every consumer wants
    the same low precision (rule source-follows-consumers); graph inputs and outputs keep their type (rule io-types).
@@ -191,12 +191,12 @@ class _Scope:
         self.folded: set[str] = set()  # Cast outputs some reader skipped (a Cast chain folded)
         self.has_qdq = False  # this scope or an enclosing one holds Q/DQ nodes
 
-    def in_qdq_region(self, d: NodeDecision) -> bool:
+    def in_qdq_region(self, inputs: list[str], outputs: list[str]) -> bool:
         if not self.has_qdq:
             return False
-        if any(n in self.quantized_inputs for n in d.outputs):
+        if any(n in self.quantized_inputs for n in outputs):
             return True
-        for name in d.inputs:
+        for name in inputs:
             scope = self.owner(name) if name else None
             producer = scope.producer.get(name) if scope else None
             if producer is not None and producer.op in QDQ_PRODUCERS:
@@ -222,23 +222,25 @@ class _Scope:
         return scope.storage.get(name, scope.orig.get(name))
 
 
-class _Template(NamedTuple):
-    """What every node with the same (domain, op, input types, type attribute, output count)
-    gets: its output types and its decision. Shared, never mutated."""
+class _Outcome(NamedTuple):
+    """What the list of rules gives a node: the first of them to fire (None: none did, the node is
+    lowered) with its reason, or the lowering. What the template cache memoises per key."""
 
-    output_types: tuple[int | None, ...]  # by output index, as the schema gives them
     kind: OpKind | None
+    rule: KeepRule | None
+    reason: str | None  # reported (effect KEEPS) only
     precision: Precision | None
     input_types: dict[int, int | None]  # the decision's
-    lowered_outputs: dict[int, int]  # the decision's output_types
-    reason: str | None
-    source: bool
-    keepable: bool
-    code: str | None
+    output_types: dict[int, int]
+    keepable: bool  # none of the rules above user-keep fired, so a user keep still applies
 
 
-#: What `_lower_groups` finds: inputs and outputs to lower, and (reason, code) when none can be.
-_Lowered = tuple[tuple[int, ...], tuple[int, ...], str | None, str | None]
+class _Template(NamedTuple):
+    """What every node with the same (domain, op, input types, type attribute, output count)
+    gets: its output types and its outcome. Shared, never mutated."""
+
+    output_types: tuple[int | None, ...]  # by output index, as the schema gives them
+    outcome: _Outcome
 
 
 class _Untyped(Exception):
@@ -262,99 +264,181 @@ def _is_float(elem: int | None) -> bool:
     return elem in FLOAT_TYPES
 
 
+@dataclass(frozen=True, slots=True)
+class _Lowering:
+    """What lowering a node's type variables to the target gives (`VARIABLE_RULES`)."""
+
+    inputs: tuple[int, ...]  # input indices to lower
+    outputs: tuple[int, ...]  # output indices to lower
+    variables: tuple[str, ...]  # the lowered type variables
+    not_admitted: tuple[str, ...]  # float variables kept by rule type-variable, sorted
+    others: tuple[tuple[str, str], ...]  # kept float variables and their type, for the kernel lookup
+
+    @property
+    def lowers(self) -> bool:
+        return bool(self.inputs or self.outputs)
+
+
 @dataclass(slots=True)
 class _NodeFacts:
-    """What the keep rules read about a node whose values are typed."""
+    """What the keep rules read about a node whose values are typed. Only the per-node rules
+    read its path; the others' outcome is shared by every node of its template key."""
 
     node: NodeProto
-    scope: _Scope
+    path: str
+    scope: _Scope | None  # None: the per-node rules, over a decision from the template cache
     op: str
     domain: str
+    ins: list[str]
+    outs: list[str]
     in_types: list[int | None]
     out_types: list[int | None]
     sig: OpSignature | None
     has_subgraph: bool
-    kind: OpKind | None
-    target: Precision | None = None  # the policy's precision for it, once it wants it lower
+    kind: OpKind | None = None
+    target: Precision | None = None  # the policy's precision for its kind (None: unknown op)
+    any_inputs: tuple[int, ...] = ()  # inputs read at any float type (Cast's, Shape's)
+    lowering: _Lowering | None = None  # once one of the rules asked for it (`DecidePass.lowering`)
+
+
+class Effect(enum.Enum):
+    """What a keep rule, once it fires, does to its node."""
+
+    FOLLOWS_CONSUMERS = "follows consumers"  # a source: its type is its readers' (the store pass)
+    KEEPS_SILENTLY = "keeps silently"  # keeps its types; the policy did not want it lower
+    KEEPS = "keeps"  # keeps its types although the policy wanted it lower: reported in kept_f32
 
 
 @dataclass(frozen=True)
 class KeepRule:
-    """One reason a node keeps its original types: `check` returns the reason, or None."""
+    """One reason a node does not run at its kind's precision: `check` returns the reason, or None."""
 
     code: str  # report.REASON_CODES
-    check: Callable[[DecidePass, _NodeFacts | None, NodeDecision], str | None]
-    after_policy: bool = True  # only for a node the policy wants lower
+    check: Callable[[DecidePass, _NodeFacts], str | None]
+    effect: Effect = Effect.KEEPS
     per_node: bool = False  # reads the node's name or path: applied over the template cache
 
 
-def _non_tensor(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _source(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """Constant and ConstantOfShape take the precision their readers want."""
+    return "source" if f.op in SOURCE_VALUE_ATTRIBUTES and f.domain in DEFAULT_DOMAINS else None
+
+
+def _fixed_type(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """Cast, CastLike and BitCast keep the type they make; readers at another get a Cast after."""
+    return "keeps its `to`" if f.op in FIXED_TYPE_OPS else None
+
+
+def _non_tensor(cv: DecidePass, f: _NodeFacts) -> str | None:
     """Sequence and optional values keep their types."""
-    assert f is not None
     holds = NON_TENSOR in f.in_types or NON_TENSOR in f.out_types
     return "sequence/optional values keep their types" if holds else None
 
 
-def _control_flow(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
-    """If/Loop/Scan keep their interface types; their bodies are rewritten (rule control-flow)."""
-    assert f is not None
+def _control_flow(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """If/Loop/Scan keep their interface types; their bodies are rewritten."""
     return "control-flow: interface keeps its types, bodies are rewritten" if f.has_subgraph else None
 
 
-def _unknown_op(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
-    """An op the taxonomy lacks keeps its types (rule unknown-op)."""
-    assert f is not None
+def _unknown_op(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """An op the taxonomy lacks keeps its types."""
     return f"unknown op {f.node.domain + '.' if f.node.domain else ''}{f.node.op_type}" if f.kind is None else None
 
 
-def _user_keep_rule(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
-    """--keep-f32-op, --keep-f32-node and node paths (repair's keeps) (rule user-keep)."""
-    return cv._user_keep(d.node, d.path)
+def _policy_f32(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """The policy runs the node's kind at f32; the rules below see only nodes it lowers."""
+    return f"policy: {f.kind} runs at f32" if f.target is Precision.F32 else None
 
 
-def _cast_unavailable(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _user_keep_rule(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """--keep-f32-op, --keep-f32-node and node paths (repair's keeps)."""
+    return cv._user_keep(f.node, f.path)
+
+
+def _cast_unavailable(cv: DecidePass, f: _NodeFacts) -> str | None:
     """The Casts around the node cannot be written at the model's default-domain opset."""
-    assert f is not None and f.target is not None
+    assert f.target is not None
     return cv._cast_block(f.target)
 
 
-def _kernel_gap_rule(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
-    """onnxruntime has a known gap its registry cannot show (rule kernel-gap)."""
-    assert f is not None
+def _kernel_gap_rule(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """onnxruntime has a known gap its registry cannot show (`KERNEL_GAPS`)."""
     gap = _kernel_gap(f.node) if (canonical_domain(f.domain), f.op) in KERNEL_GAPS else None
     return f"kernel: {gap}" if gap else None
 
 
-def _qdq_region(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
-    """A node between DequantizeLinear and QuantizeLinear runs quantized (rule qdq-region)."""
-    assert f is not None
-    if f.scope.in_qdq_region(d):
+def _qdq_region(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """A node between DequantizeLinear and QuantizeLinear runs quantized."""
+    assert f.scope is not None
+    if f.scope.in_qdq_region(f.ins, f.outs):
         return "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
     return None
 
 
-def _no_schema(cv: DecidePass, f: _NodeFacts | None, d: NodeDecision) -> str | None:
+def _no_schema(cv: DecidePass, f: _NodeFacts) -> str | None:
     """No schema for the op at the model's opset: nothing says what it admits."""
-    assert f is not None
     return f"no schema for {f.op} at opset {cv.cx.opset(f.domain)}" if f.sig is None else None
 
 
-#: Every reason a node keeps its original types, in precedence order: the first that fires
-#: decides. The last two come from lowering the schema's type variables (`_lower_groups`):
-#: schema-admits (a variable does not admit the low type) and kernel-table (the target has no
-#: kernel); they are listed in REASON_CODES after these.
+def _schema_admits(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """Rule type-variable keeps every float variable, so nothing is lowered."""
+    assert f.sig is not None and f.target is not None
+    lowering = cv.lowering(f)
+    if lowering.lowers or not lowering.not_admitted:
+        return None
+    variables = ", ".join(lowering.not_admitted)
+    return f"schema: {f.op}-{f.sig.since_version} does not admit {f.target.value} for {variables}"
+
+
+def _kernel_table(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """The target has no kernel for the lowered combination of types (`kernels.kernel_block`)."""
+    assert f.sig is not None and f.target is not None
+    lowering = cv.lowering(f)
+    if not lowering.lowers:
+        return None
+    return kernel_block(
+        cv.cx.options.target,
+        f.target,
+        canonical_domain(f.domain),
+        f.op,
+        f.sig.since_version,
+        lowering.variables,
+        lowering.others,
+        f.op in TYPE_ATTRIBUTES and f.domain in DEFAULT_DOMAINS,
+    )
+
+
+def _nothing_to_lower(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """No type variable holds f32 values to lower (integers, bool, or values already low)."""
+    return None if cv.lowering(f).lowers else "nothing to lower"
+
+
+#: Every reason a node does not simply run at its kind's precision, in precedence order: the
+#: first that fires decides, and a node none of them stops is lowered. This order is the only
+#: place precedence is decided (docs/design.md, "Keep rules").
 KEEP_RULES: tuple[KeepRule, ...] = (
-    KeepRule("non-tensor", _non_tensor, after_policy=False),
-    KeepRule("control-flow", _control_flow, after_policy=False),
-    KeepRule("unknown-op", _unknown_op, after_policy=False),
+    KeepRule("source-follows-consumers", _source, Effect.FOLLOWS_CONSUMERS),
+    KeepRule("cast-keeps-to", _fixed_type, Effect.KEEPS_SILENTLY),
+    KeepRule("non-tensor", _non_tensor),
+    KeepRule("control-flow", _control_flow),
+    KeepRule("unknown-op", _unknown_op),
+    KeepRule("policy-f32", _policy_f32, Effect.KEEPS_SILENTLY),
     KeepRule("user-keep", _user_keep_rule, per_node=True),
     KeepRule("cast-unavailable", _cast_unavailable),
     KeepRule("kernel-gap", _kernel_gap_rule),
     KeepRule("qdq-region", _qdq_region),
     KeepRule("no-schema", _no_schema),
+    KeepRule("schema-admits", _schema_admits),
+    KeepRule("kernel-table", _kernel_table),
+    KeepRule("nothing-to-lower", _nothing_to_lower, Effect.KEEPS_SILENTLY),
 )
-NODE_RULES = tuple(r for r in KEEP_RULES if r.per_node)
+RULES_BY_CODE = {r.code: r for r in KEEP_RULES}
 _RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
+#: The rules `DecidePass._outcome` applies; the per-node ones are applied over the template cache.
+_NODE_INDEPENDENT_RULES = tuple(r for r in KEEP_RULES if not r.per_node)
+_PER_NODE_RULES = tuple(r for r in KEEP_RULES if r.per_node)
+#: A node decided by one of the rules past this index, or lowered, is one a user keep can return to f32.
+_KEEPABLE_FROM = min(_RULE_ORDER[r.code] for r in _PER_NODE_RULES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,11 +570,12 @@ class Plan:
 
 
 class DecidePass(Pass[Plan]):
-    """Sweep 1: each node's precision, or the rule of `KEEP_RULES` that keeps its types.
+    """Sweep 1: each node's precision, or the rule of `KEEP_RULES` that stops it.
 
     Requires a graph with nodes or outputs. Ensures one decision per node, in node order, in
-    every scope; a reason exactly when a code from `REASON_CODES`; lowered only float values
-    that were f32 or already at the node's precision. Does not modify the model."""
+    every scope; a reason exactly when the deciding rule's effect is KEEPS, a source exactly
+    when it is FOLLOWS_CONSUMERS; lowered only float values that were f32 or already at the
+    node's precision. Does not modify the model."""
 
     name, needs_stage, gives_stage = "decide", Stage.NEW, Stage.DECIDED
 
@@ -500,7 +585,7 @@ class DecidePass(Pass[Plan]):
         self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
         self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
-        self._group_cache: dict[tuple[object, ...], _Lowered] = {}
+        self._lowerings: dict[tuple[object, ...], _Lowering] = {}
         self._templates: dict[tuple[object, ...], _Template] = {}
         self._cast_blocks: dict[Precision, str | None] = {}
 
@@ -522,8 +607,12 @@ class DecidePass(Pass[Plan]):
                 self._check_decision(scope, d)
 
     def _check_decision(self, scope: _Scope, d: NodeDecision) -> None:
-        if (d.reason is None) != (d.code is None) or (d.code is not None and d.code not in REASON_CODES):
+        rule = RULES_BY_CODE.get(d.code) if d.code is not None else None
+        reported = rule is not None and rule.effect is Effect.KEEPS
+        if (d.code is not None and (rule is None or d.code not in REASON_CODES)) or (d.reason is not None) != reported:
             self.fail(f"{d.label}: reason {d.reason!r} with code {d.code!r}")
+        if d.source != (rule is not None and rule.effect is Effect.FOLLOWS_CONSUMERS):
+            self.fail(f"{d.label}: a source exactly when rule source-follows-consumers decided it (code {d.code!r})")
         low = d.precision.elem_type if d.precision is not None else None
         lowered = [(d.inputs[k], t) for k, t in d.input_types.items() if t is not None]
         lowered += [(d.outputs[k], t) for k, t in d.output_types.items()]
@@ -650,20 +739,26 @@ class DecidePass(Pass[Plan]):
     ) -> NodeDecision | None:
         """The template's decision for this node, its outputs typed; None when a declared
         output type disagrees with the template (the node is then decided alone)."""
-        out_elems, kind, precision, input_types, output_types, reason, source, keepable, code = template
-        for name, elem in zip(outs, out_elems):
+        for name, elem in zip(outs, template.output_types):
             if name:
                 have = orig.get(name)
                 if have is None:
                     orig[name] = elem  # type: ignore[assignment]  # templates type every named output
                 elif have != elem:
                     return None
+        return self._decision(template.outcome, path, node, op, domain, ins, outs)
+
+    def _decision(
+        self, outcome: _Outcome, path: str, node: NodeProto, op: str, domain: str, ins: list[str], outs: list[str]
+    ) -> NodeDecision:
+        """The node's decision from its outcome, then the per-node rules over it."""
+        kind, rule, reason, precision, input_types, output_types, keepable = outcome
+        source = rule is not None and rule.effect is Effect.FOLLOWS_CONSUMERS
         if source:  # store_scope settles a source's precision on its own copy
             input_types, output_types = dict(input_types), dict(output_types)
-        decision = NodeDecision(
-            path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, source, keepable
-        )
-        decision.code = code
+        code = rule.code if rule is not None else None
+        decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason)
+        decision.source, decision.keepable, decision.code = source, keepable, code
         if keepable and self.user_keeps:
             self._apply_node_rules(decision)
         return decision
@@ -731,10 +826,11 @@ class DecidePass(Pass[Plan]):
         may come from the template cache: one fires when it comes before the one that decided
         (`KEEP_RULES` order is the precedence); the node then keeps its original types."""
         decided = _RULE_ORDER.get(d.code or "", len(KEEP_RULES))
-        for rule in NODE_RULES:
+        facts = _NodeFacts(d.node, d.path, None, d.op, d.domain, d.inputs, d.outputs, [], [], None, False, d.kind)
+        for rule in _PER_NODE_RULES:
             if _RULE_ORDER[rule.code] >= decided:
                 return
-            reason = rule.check(self, None, d)
+            reason = rule.check(self, facts)
             if reason:
                 d.precision, d.reason, d.code = None, reason, rule.code
                 d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
@@ -787,79 +883,36 @@ class DecidePass(Pass[Plan]):
                 if elem is not None:
                     orig[name] = elem
             out_types[k] = elem
-        d = self._decide_node(node, path, scope, bool(children), op, domain, ins, outs, in_types, out_types, sig)
+        facts = _NodeFacts(node, path, scope, op, domain, ins, outs, in_types, out_types, sig, bool(children))
+        outcome = self._outcome(facts)
         named = [k for k, name in enumerate(outs) if name]
         if (
             template_key is not None
             and all(derived[k] is not None and derived[k] == out_types[k] for k in named)
             and (canonical_domain(domain), op) not in KERNEL_GAPS
         ):
-            self._templates[template_key] = _Template(
-                tuple(derived),
-                d.kind,
-                d.precision,
-                dict(d.input_types),
-                dict(d.output_types),
-                d.reason,
-                d.source,
-                d.keepable,
-                d.code,
-            )
-        if d.keepable and self.user_keeps:
-            self._apply_node_rules(d)
-        return d
+            self._templates[template_key] = _Template(tuple(derived), outcome)
+        return self._decision(outcome, path, node, op, domain, ins, outs)
 
-    def _decide_node(
-        self,
-        node: NodeProto,
-        path: str,
-        scope: _Scope,
-        has_subgraph: bool,
-        op: str,
-        domain: str,
-        ins: list[str],
-        outs: list[str],
-        in_types: list[int | None],
-        out_types: list[int | None],
-        sig: OpSignature | None,
-    ) -> NodeDecision:
-        """The decision for one node whose values are typed; the rules of `KEEP_RULES` in
-        their order, except those that depend on the node itself (applied by the caller,
-        over the template cache, by `_apply_node_rules`)."""
-        kind = kind_of(domain, op)
-        d = NodeDecision(path, node, kind, op, domain, ins, outs)
-        if op in SOURCE_VALUE_ATTRIBUTES and domain in DEFAULT_DOMAINS:
-            d.source = True  # its type follows its consumers (rule source-follows-consumers)
-            return d
-        for k in ANY_FLOAT_INPUTS.get(op, ()):
-            if k < len(ins):
-                d.input_types[k] = None
-        if op in FIXED_TYPE_OPS:
-            return d  # keeps its `to` (rule cast-keeps-to); consumers at another type get a Cast after it
-        facts = _NodeFacts(node, scope, op, domain, in_types, out_types, sig, has_subgraph, kind)
-        for rule in KEEP_RULES:
-            if rule.after_policy and not d.keepable:
-                wanted = self.kind_precision[kind] if kind is not None else Precision.F32
-                if wanted is Precision.F32:
-                    return d  # the policy keeps it in f32: no reason to report
-                d.keepable, facts.target = True, wanted  # from here on a user keep takes precedence
-            if rule.per_node:
-                continue
-            reason = rule.check(self, facts, d)
+    def _outcome(self, f: _NodeFacts) -> _Outcome:
+        """What `KEEP_RULES` give one node whose values are typed: the first of them to fire,
+        in their order, or the lowering when none does. The per-node rules are left to
+        `_apply_node_rules`, over the template cache."""
+        f.kind = kind = kind_of(f.domain, f.op)
+        any_inputs: dict[int, int | None] = {k: None for k in ANY_FLOAT_INPUTS.get(f.op, ()) if k < len(f.ins)}
+        f.any_inputs = tuple(any_inputs)
+        f.target = target = self.kind_precision[kind] if kind is not None else None
+        for rule in _NODE_INDEPENDENT_RULES:
+            reason = rule.check(self, f)
             if reason:
-                d.reason, d.code = reason, rule.code
-                return d
-        target = facts.target
-        assert target is not None and sig is not None  # the policy wants it lower; the no-schema check passed
-        in_low, out_low, reason, code = self._lower_groups(
-            node, sig, tuple(in_types), tuple(out_types), tuple(d.input_types), target
-        )
-        if in_low or out_low:
-            d.precision = target
-            d.input_types.update((k, target.elem_type) for k in in_low if ins[k])
-            d.output_types.update((k, target.elem_type) for k in out_low)
-        d.reason, d.code = reason, code
-        return d
+                reported = reason if rule.effect is Effect.KEEPS else None
+                keepable = _RULE_ORDER[rule.code] > _KEEPABLE_FROM
+                inputs = {} if rule.effect is Effect.FOLLOWS_CONSUMERS else any_inputs
+                return _Outcome(kind, rule, reported, None, inputs, {}, keepable)
+        assert target is not None and f.lowering is not None  # the lowering rules asked for it
+        low, ins = target.elem_type, f.ins
+        input_types: dict[int, int | None] = {**any_inputs, **{k: low for k in f.lowering.inputs if ins[k]}}
+        return _Outcome(kind, None, None, target, input_types, {k: low for k in f.lowering.outputs}, True)
 
     def _cast_block(self, target: Precision) -> str | None:
         """Why the Casts around a node lowered to `target` cannot be written at the
@@ -891,29 +944,32 @@ class DecidePass(Pass[Plan]):
             return self.cx.opset("")
         return _default_opset_for(self.cx.model, self.cx.opsets.get("ai.onnx.ml"))
 
-    def _lower_groups(
-        self,
-        node: NodeProto,
-        sig: OpSignature,
-        in_types: tuple[int | None, ...],
-        out_types: tuple[int | None, ...],
-        any_inputs: tuple[int, ...],
-        target: Precision,
-    ) -> _Lowered:
-        """(inputs to lower, outputs to lower, reason and its code when nothing could be):
-        memoized, since most nodes of a model share a handful of signatures."""
-        key = (node.domain, node.op_type, sig, in_types, out_types, any_inputs, target)
-        cached = self._group_cache.get(key)
-        if cached is not None:
-            return cached
-        blocked: list[str] = []
+    def lowering(self, f: _NodeFacts) -> _Lowering:
+        """Which type variables of `f`'s node `VARIABLE_RULES` let go to its target: memoized,
+        since most nodes of a model share a handful of signatures."""
+        if f.lowering is not None:
+            return f.lowering
+        sig, target = f.sig, f.target
+        assert sig is not None and target is not None
+        in_types, out_types = tuple(f.in_types), tuple(f.out_types)
+        key = (f.domain, f.op, sig, in_types, out_types, f.any_inputs, target)
+        found = self._lowerings.get(key)
+        if found is None:
+            found = self._lowerings[key] = self._lower_variables(f, in_types, out_types)
+        f.lowering = found
+        return found
+
+    def _lower_variables(
+        self, f: _NodeFacts, in_types: tuple[int | None, ...], out_types: tuple[int | None, ...]
+    ) -> _Lowering:
+        sig, target, any_inputs = f.sig, f.target, f.any_inputs
+        assert sig is not None and target is not None
         in_low: list[int] = []
         out_low: list[int] = []
         lowered_vars: list[str] = []
+        not_admitted: set[str] = set()
         others: list[tuple[str, str]] = []  # float variables that keep their type, for the kernel lookup
-        fixed_vars = (
-            ATTRIBUTE_TYPED_VARS.get(node.op_type, frozenset()) if node.domain in DEFAULT_DOMAINS else frozenset()
-        )
+        fixed_vars = ATTRIBUTE_TYPED_VARS.get(f.op, frozenset()) if f.domain in DEFAULT_DOMAINS else frozenset()
         for g in sig.groups:
             members = [in_types[k] for k in g.inputs if k not in any_inputs] + [out_types[k] for k in g.outputs]
             facts = _GroupFacts(g, frozenset(t for t in members if t is not None), target, g.var in fixed_vars)
@@ -925,30 +981,10 @@ class DecidePass(Pass[Plan]):
                 lowered_vars.append(var)
                 continue
             if kept_by == "type-variable":
-                blocked.append(var)
+                not_admitted.add(var)
             if len(facts.known) == 1 and (kept := _TYPE_NAME.get(next(iter(facts.known)))):
                 others.append((var, kept))
-        reason = code = None
-        if not in_low and not out_low and blocked:
-            blocked_text = ", ".join(sorted(set(blocked)))
-            reason = f"schema: {node.op_type}-{sig.since_version} does not admit {target.value} for {blocked_text}"
-            code = "schema-admits"
-        elif in_low or out_low:
-            reason = kernel_block(
-                self.cx.options.target,
-                target,
-                canonical_domain(node.domain),
-                node.op_type,
-                sig.since_version,
-                tuple(lowered_vars),
-                tuple(others),
-                node.op_type in TYPE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS,
-            )
-            if reason:
-                in_low, out_low, code = [], [], "kernel-table"
-        result = (tuple(in_low), tuple(out_low), reason, code)
-        self._group_cache[key] = result
-        return result
+        return _Lowering(tuple(in_low), tuple(out_low), tuple(lowered_vars), tuple(sorted(not_admitted)), tuple(others))
 
 
 class StorePass(Pass[Plan]):
@@ -1425,7 +1461,7 @@ class EmitPass(Pass[Plan]):
         report = self.cx.report
         unknown: list[str] = []
         tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
-        decisions, kept, keepable = report.decisions, report.kept_f32, report.keepable
+        decisions, kept, keepable, rules = report.decisions, report.kept_f32, report.keepable, report.rules
 
         def walk(scope: _Scope) -> None:  # node by node, each body right after the node that holds it
             children = scope.children
@@ -1435,6 +1471,8 @@ class EmitPass(Pass[Plan]):
                 decisions[d.path] = prec or "none"
                 if d.keepable and d.precision is not None:
                     keepable[d.path] = (d.label, d.op)
+                if d.code is not None:
+                    rules[d.path] = d.code
                 if d.reason:
                     kept.append(KeptNode(d.label, d.op, d.reason, d.path, d.code))
                 if children and i in children:

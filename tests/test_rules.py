@@ -40,6 +40,57 @@ Y = helper.make_tensor_value_info("y", F, [2, 3])
 FEEDS = {"x": np.random.default_rng(0).uniform(-1, 1, (2, 3)).astype(np.float32)}
 
 
+def _silent(model: onnx.ModelProto, policy: str, op: str) -> tuple[str | None, ConversionReport, onnx.ModelProto]:
+    """The code of the silent rule that decided the `op` node (report.rules), the report and
+    the converted model; a silent rule keeps no reported reason (kept_f32)."""
+    report = ConversionReport()
+    out = convert(model, policy, report=report, check_contracts=True)
+    path = str(next(i for i, n in enumerate(model.graph.node) if n.op_type == op))
+    assert all(k.path != path for k in report.kept_f32)
+    return report.rules.get(path), report, out
+
+
+def test_source_follows_consumers() -> None:
+    model = _model([helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.full((2, 3), 0.5, np.float32))),
+                    helper.make_node("Add", ["x", "c"], ["y"])], [X], [Y])
+    code, report, out = _silent(model, "always-f16", "Constant")
+    assert code == "source-follows-consumers"
+    assert out.graph.node[0].attribute[0].t.data_type == H  # narrowed in place for its f16 reader
+    assert report.why_not_keepable("0") == f"rule source-follows-consumers: {REASON_CODES['source-follows-consumers']}"
+    _same_numbers(model, out, FEEDS)
+
+
+def test_cast_keeps_to() -> None:
+    i = helper.make_tensor_value_info("i", TensorProto.INT32, [2, 3])
+    model = _model([helper.make_node("Cast", ["i"], ["c"], to=F), helper.make_node("Add", ["c", "c"], ["y"])], [i], [Y])
+    code, report, out = _silent(model, "always-f16", "Cast")
+    assert code == "cast-keeps-to" and report.decisions["1"] == "f16"
+    cast, to_low = out.graph.node[0], out.graph.node[1]
+    assert cast.op_type == "Cast" and cast.attribute[0].i == F  # it keeps its `to`...
+    assert to_low.op_type == "Cast" and to_low.input[0] == "c" and to_low.attribute[0].i == H  # ...a Cast follows it
+    assert report.why_not_keepable("0") == f"rule cast-keeps-to: {REASON_CODES['cast-keeps-to']}"
+    feeds = {"i": np.arange(-3, 3, dtype=np.int32).reshape(2, 3)}
+    _same_numbers(model, out, feeds, tol=0)
+
+
+def test_policy_f32() -> None:
+    w = numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])], [X], [Y], [w])
+    code, report, out = _silent(model, "auto-mixed", "MatMul")
+    assert code == "policy-f32" and report.decisions == {"0": "f32", "1": "f16"}
+    assert report.why_not_keepable("0") == f"rule policy-f32: {REASON_CODES['policy-f32']}"
+    _same_numbers(model, out, FEEDS)
+
+
+def test_nothing_to_lower() -> None:
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, [3])
+    model = _model([helper.make_node("Add", ["i", "i"], ["y"])], [i], [helper.make_tensor_value_info("y", TensorProto.INT64, [3])])
+    code, report, out = _silent(model, "always-f16", "Add")
+    assert code == "nothing-to-lower" and report.decisions["0"] == "none" and not report.changed
+    feeds = {"i": np.array([1, -2, 3], np.int64)}
+    np.testing.assert_array_equal(run(model, feeds)[0], run(out, feeds)[0])
+
+
 def test_non_tensor() -> None:
     model = _model([helper.make_node("SequenceConstruct", ["x", "x"], ["s"]),
                     helper.make_node("SequenceAt", ["s", "zero"], ["y"])], [X], [Y],

@@ -65,27 +65,33 @@ def test_no_import_cycle_in_the_package() -> None:
     assert cycles == [], cycles
 
 
-def _design_table(after: str) -> list[tuple[str, str, str]]:
-    """The (code, reason, example) rows of the first table after `after` in docs/design.md."""
-    import re
-
+def _design_table(after: str) -> list[list[str]]:
+    """The rows of the first table after `after` in docs/design.md: the code, then the other
+    cells (backticks removed from all but the last, the example)."""
     design = (PACKAGE.parent / "docs" / "design.md").read_text()
     section = design[design.index(after) :]
     section = section[: section.index("\n\n", section.index("| code |"))]
-    return [(c, r.replace("`", ""), e) for c, r, e in re.findall(r"^\s*\| `([a-z-]+)` \| (.+?) \| (.*?) \|$", section, re.M)]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if line.strip().startswith("| `"):
+            rows.append([c.replace("`", "") for c in cells[:-1]] + cells[-1:])
+    return rows
 
 
 def test_reason_codes_match_the_design_table() -> None:
-    """docs/design.md's table of keep rules is REASON_CODES, in order, with the same words and
-    an example each."""
+    """docs/design.md's table of keep rules is REASON_CODES, in order, with the same words,
+    each rule's effect and an example each."""
     from rlx_onnx_amp.report import REASON_CODES
+    from rlx_onnx_amp.rewrite import RULES_BY_CODE
 
     table = _design_table("**Keep rules**")
     for code, text in REASON_CODES.items():
-        print(f"{code:18s} {text}")
-    assert [code for code, _, _ in table] == list(REASON_CODES)
-    assert {code: text for code, text, _ in table} == REASON_CODES
-    assert all(len(example) > 10 for _, _, example in table)
+        print(f"{code:26s} {RULES_BY_CODE[code].effect.value:18s} {text}")
+    assert [code for code, _, _, _ in table] == list(REASON_CODES)
+    assert {code: text for code, _, text, _ in table} == REASON_CODES
+    assert {code: effect for code, effect, _, _ in table} == {c: r.effect.value for c, r in RULES_BY_CODE.items()}
+    assert all(len(example) > 10 for *_, example in table)
 
 
 def test_variable_rules_match_the_design_table() -> None:
@@ -106,13 +112,12 @@ def test_variable_rules_match_the_design_table() -> None:
 
 
 def test_the_rule_list_is_the_precedence_of_the_reason_codes() -> None:
-    """rewrite.KEEP_RULES, in order, is REASON_CODES in order, followed by the two codes that
-    lowering a schema's type variables gives."""
+    """rewrite.KEEP_RULES, in order, is REASON_CODES in order: one list, one precedence, every
+    rule a code, a one-line docstring and an effect."""
     from rlx_onnx_amp.report import REASON_CODES
     from rlx_onnx_amp.rewrite import KEEP_RULES
 
     for rule in KEEP_RULES:
-        print(f"{rule.code:18s} {'every node' if not rule.after_policy else 'lowered nodes'}"
-              f"{', per node' if rule.per_node else ''}: {rule.check.__doc__}")
-    assert [r.code for r in KEEP_RULES] + ["schema-admits", "kernel-table"] == list(REASON_CODES)
+        print(f"{rule.code:26s} {rule.effect.value}{', per node' if rule.per_node else ''}: {rule.check.__doc__}")
+    assert [r.code for r in KEEP_RULES] == list(REASON_CODES)
     assert all(r.check.__doc__ and "\n" not in r.check.__doc__.strip() for r in KEEP_RULES)  # one line each
