@@ -78,13 +78,13 @@ from rlx_onnx_amp.tensors import (
     tensor_nbytes,
 )
 from rlx_onnx_amp.types import (
+    ATTRIBUTE_TYPED_OUTPUTS,
     GRAPH_OPS,
     NON_TENSOR,
-    OUTPUT_TYPE_ATTRIBUTE,
     FreshNames,
     ScopeTypes,
     all_tensors,
-    constant_type,
+    attribute_output_type,
     declared_types,
     infer_types,
     names_read,
@@ -249,17 +249,6 @@ class _Untyped(Exception):
 
 #: The type key of an omitted optional input ("" in a node's inputs).
 _OMITTED = -2
-#: Ops whose output type an attribute gives: part of their template key.
-_ATTRIBUTE_TYPED = frozenset(SOURCE_VALUE_ATTRIBUTES) | frozenset(OUTPUT_TYPE_ATTRIBUTE)
-
-
-def _attribute_type(node: NodeProto, op: str) -> int | None:
-    if op in SOURCE_VALUE_ATTRIBUTES:
-        return constant_type(node)
-    name = OUTPUT_TYPE_ATTRIBUTE[op]
-    return next((a.i for a in node.attribute if a.name == name), None) or None
-
-
 def _is_float(elem: int | None) -> bool:
     return elem in FLOAT_TYPES
 
@@ -671,7 +660,10 @@ class DecidePass(Pass[Plan]):
             key_types = (
                 tuple(map(orig_type, ins)) if "" not in ins else tuple([orig_type(n) if n else _OMITTED for n in ins])
             )
-            attr_type = _attribute_type(node, op) if op in _ATTRIBUTE_TYPED and domain in DEFAULT_DOMAINS else None
+            # An attribute that types the output is part of the template key.
+            attr_type = (
+                attribute_output_type(node, op) if op in ATTRIBUTE_TYPED_OUTPUTS and domain in DEFAULT_DOMAINS else None
+            )
             key = (domain, op, key_types, attr_type, len(outs))
             template = templates.get(key) if templated and not children else None
             decision = None

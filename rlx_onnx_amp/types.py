@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.schema import OpSignature
 
 __all__ = [
+    "ATTRIBUTE_TYPED_OUTPUTS",
     "DEFAULT_DIM",
     "GRAPH_OPS",
     "NON_TENSOR",
@@ -35,6 +36,7 @@ __all__ = [
     "ScopeTypes",
     "all_graphs",
     "all_tensors",
+    "attribute_output_type",
     "concrete_input_shape",
     "constant_type",
     "declared_types",
@@ -254,6 +256,19 @@ def constant_type(node: onnx.NodeProto) -> int | None:
     return TensorProto.FLOAT if node.op_type == "ConstantOfShape" else None
 
 
+#: Default-domain ops whose first output's type an attribute gives (Constant's value, Cast's `to`).
+ATTRIBUTE_TYPED_OUTPUTS = frozenset(SOURCE_VALUE_ATTRIBUTES) | frozenset(OUTPUT_TYPE_ATTRIBUTE)
+
+
+def attribute_output_type(node: onnx.NodeProto, op: str) -> int | None:
+    """The type an attribute gives the first output of a node of `ATTRIBUTE_TYPED_OUTPUTS`;
+    None when it gives none (a Cast without `to`)."""
+    if op in SOURCE_VALUE_ATTRIBUTES:
+        return constant_type(node)
+    name = OUTPUT_TYPE_ATTRIBUTE[op]
+    return next((a.i for a in node.attribute if a.name == name), None) or None
+
+
 def schema_output_types(sig: OpSignature, in_types: Sequence[int | None], n_outputs: int) -> list[int | None]:
     """The output types the schema alone gives a node: per type variable, the one type its
     inputs have, or the one type the variable admits; None where neither says."""
@@ -301,17 +316,11 @@ def schema_types(model: ModelProto) -> ScopeTypes | None:
         op, domain = node.op_type, node.domain
         outs = node.output[:]
         default_domain = domain in DEFAULT_DOMAINS
-        if default_domain and op in SOURCE_VALUE_ATTRIBUTES:
-            elem = constant_type(node)
+        if default_domain and op in ATTRIBUTE_TYPED_OUTPUTS:
+            elem = attribute_output_type(node, op)
             if elem is None:
                 return None
             types[outs[0]] = elem
-            continue
-        if default_domain and op in OUTPUT_TYPE_ATTRIBUTE:
-            to = next((a.i for a in node.attribute if a.name == OUTPUT_TYPE_ATTRIBUTE[op]), 0)
-            if not to:
-                return None
-            types[outs[0]] = to
             continue
         if subgraphs(node):
             return None  # control flow: bodies need onnx's inference
