@@ -249,6 +249,8 @@ class _Untyped(Exception):
 
 #: The type key of an omitted optional input ("" in a node's inputs).
 _OMITTED = -2
+
+
 def _is_float(elem: int | None) -> bool:
     return elem in FLOAT_TYPES
 
