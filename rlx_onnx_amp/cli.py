@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,15 @@ from click.core import ParameterSource
 from rlx_onnx_amp import render
 from rlx_onnx_amp.api import checker_failure, load_model, make_options, plan_model_reads, stage_conversion, write_demo
 from rlx_onnx_amp.cost import policy_hint
-from rlx_onnx_amp.errors import AmpError, InputError, Terminated, first_line, raise_terminated
+from rlx_onnx_amp.errors import (
+    AmpError,
+    InputError,
+    Terminated,
+    first_line,
+    raise_terminated,
+    request_stop,
+    stop_requested,
+)
 from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.merge import merge_reports, merged_markdown, worst_exit_code
@@ -74,6 +83,7 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
     previous = signal.getsignal(signal.SIGTERM)
+    request_stop(False)  # a new run
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
         code = fn()
@@ -669,6 +679,14 @@ def _worker_sigterm(signum: int, frame: object) -> None:
     os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
 
 
+def _leave_if_stopped() -> None:
+    """A worker told to stop never takes another model, even when the handler's exception
+    was lost (errors.stop_requested): the parent holds the task queue's lock by then, and a
+    worker waiting for it would wait for ever."""
+    if stop_requested():
+        os._exit(EXIT_SIGTERM)
+
+
 def _worker_convert(task: tuple[int, _ConvertJob, str, str]) -> tuple[int, _Outcome]:
     global _converting
     index, job, src, dst = task
@@ -681,6 +699,7 @@ def _worker_convert(task: tuple[int, _ConvertJob, str, str]) -> tuple[int, _Outc
         os._exit(EXIT_SIGTERM)
     finally:
         _converting = False
+    _leave_if_stopped()
     return index, _Outcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
 
 
@@ -707,6 +726,7 @@ def _run_in_workers(job: _ConvertJob, pairs: list[tuple[str, str]], workers: int
     done: dict[int, _Outcome] = {}
     shown = 0
     pool = context.Pool(workers, initializer=_worker_start, initargs=(threads,))
+    worker_pids = [child.pid for child in multiprocessing.active_children() if child.pid is not None]
     try:
         for index, outcome in pool.imap_unordered(_worker_convert, tasks):
             done[index] = outcome
@@ -715,10 +735,51 @@ def _run_in_workers(job: _ConvertJob, pairs: list[tuple[str, str]], workers: int
                 shown += 1
         pool.close()
     except BaseException:
-        pool.terminate()  # SIGTERM to every worker
+        with _StopWatch(worker_pids):
+            pool.terminate()  # SIGTERM to every worker, then waits for each
         raise
     finally:
         pool.join()
+
+
+class _StopWatch(contextlib.AbstractContextManager["_StopWatch"]):
+    """While the pool stops its workers: a worker still alive after `resend_s` gets SIGTERM
+    again (once a signal can be lost, see `_leave_if_stopped`), and after `kill_s` SIGKILL,
+    so an interrupted batch always ends. Only processes that are still this process's
+    children are signalled (Linux's /proc says; elsewhere the watch does nothing)."""
+
+    def __init__(self, pids: list[int], resend_s: float = 5.0, kill_s: float = 60.0) -> None:
+        self.pids, self.resend_s, self.kill_s = pids, resend_s, kill_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="rlx-amp-stop-watch", daemon=True)
+
+    def __enter__(self) -> _StopWatch:
+        if Path("/proc").is_dir():
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def _watch(self) -> None:
+        waited = 0.0
+        while not self.done.wait(self.resend_s):
+            waited += self.resend_s
+            number = signal.SIGKILL if waited >= self.kill_s else signal.SIGTERM
+            for pid in self.pids:
+                if _is_child(pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, number)
+
+
+def _is_child(pid: int) -> bool:
+    """Whether `pid` is a child of this process that has not been reaped (so not a reused pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+    return fields[0] != "Z" and int(fields[1]) == os.getpid()
 
 
 def _take(job: _ConvertJob, outcome: _Outcome) -> None:

@@ -3,7 +3,17 @@ one line and exits with their `exit_code`. Anything else is a bug and keeps its 
 
 from __future__ import annotations
 
-__all__ = ["AmpError", "InputError", "ModelRunError", "PolicyError", "Terminated", "first_line", "raise_terminated"]
+__all__ = [
+    "AmpError",
+    "InputError",
+    "ModelRunError",
+    "PolicyError",
+    "Terminated",
+    "first_line",
+    "raise_terminated",
+    "request_stop",
+    "stop_requested",
+]
 
 
 class AmpError(Exception):
@@ -31,8 +41,26 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt: no `except Exception` may swallow it."""
 
 
+#: Set once SIGTERM arrived. The handler's exception can be lost: Python may run the handler
+#: inside a `__del__` or a finalizer, where an exception is printed and ignored, and the run
+#: would then go on as if nothing happened. What must not happen after a stop (a commit, a
+#: batch worker taking its next model) asks this flag too.
+_stop = False
+
+
+def request_stop(requested: bool = True) -> None:
+    """Record that the run must stop (or, with False, forget it: a new run in this process)."""
+    global _stop
+    _stop = requested
+
+
+def stop_requested() -> bool:
+    return _stop
+
+
 def raise_terminated(signum: int, frame: object) -> None:
-    """The SIGTERM handler: raise Terminated where the run is."""
+    """The SIGTERM handler: raise Terminated where the run is (and record the stop)."""
+    request_stop()
     raise Terminated()
 
 

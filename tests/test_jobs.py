@@ -185,3 +185,76 @@ def test_shards_merged_equal_one_batch(tmp_path: Path) -> None:
     assert printed.stdout.startswith("# rlx-amp drift report") and printed.returncode in (0, 1, 2)
     bad = rlx("merge-reports", "missing.json", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip() == "rlx-amp: error: missing.json: no such file"
+
+
+class _LostStopJob:
+    """A batch job whose conversion lost its SIGTERM: the handler ran (the stop is recorded)
+    but its exception vanished, as one raised inside a `__del__` does, and convert_own returned."""
+
+    reports: list = []
+    verified: list = []
+    failed: list = []
+
+    def convert_own(self, src: str, dst: str) -> None:
+        from rlx_onnx_amp.errors import request_stop
+
+        request_stop()
+
+
+def _run_lost_stop_task(queue: object) -> None:
+    from rlx_onnx_amp.cli import _worker_convert
+
+    _worker_convert((0, _LostStopJob(), "in.onnx", "out.onnx"))  # type: ignore[arg-type]
+    queue.put("returned to the pool")  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
+def test_a_worker_whose_stop_was_lost_never_takes_another_model() -> None:
+    """Once a stop is recorded the worker leaves after its model instead of returning to the
+    pool's queue, whose lock the stopping parent holds (a batch once hung there in CI)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.SimpleQueue()
+    child = context.Process(target=_run_lost_stop_task, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 143 and queue.empty()
+
+
+def test_no_commit_after_a_lost_stop(tmp_path: Path) -> None:
+    from rlx_onnx_amp.errors import Terminated, request_stop
+    from rlx_onnx_amp.files import OutputSet
+
+    final = tmp_path / "out.onnx"
+    try:
+        with OutputSet() as out:
+            out.write_bytes(final, b"model")
+            request_stop()
+            with pytest.raises(Terminated):
+                out.commit()
+    finally:
+        request_stop(False)
+    assert list(tmp_path.iterdir()) == []  # nothing moved, the staging removed
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to tell a child from a reused pid")
+def test_the_stop_watch_ends_a_worker_that_ignores_sigterm() -> None:
+    """A worker that never acts on SIGTERM (its signal lost while it waits) is sent SIGTERM
+    again and then SIGKILL, so an interrupted batch always ends."""
+    import multiprocessing
+
+    from rlx_onnx_amp.cli import _StopWatch
+
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_ignore_sigterm_and_sleep)
+    child.start()
+    assert child.pid is not None
+    with _StopWatch([child.pid], resend_s=0.2, kill_s=1.0):
+        child.join(timeout=60)
+    assert child.exitcode == -signal.SIGKILL
+
+
+def _ignore_sigterm_and_sleep() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(120)
