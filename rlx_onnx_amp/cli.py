@@ -40,6 +40,8 @@ from rlx_onnx_amp.errors import (
     InputError,
     Terminated,
     first_line,
+    raise_interrupted,
+    raise_stop,
     raise_terminated,
     request_stop,
     stop_requested,
@@ -82,9 +84,11 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
-    previous = signal.getsignal(signal.SIGTERM)
-    request_stop(False)  # a new run
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    request_stop(None)  # a new run
     signal.signal(signal.SIGTERM, raise_terminated)
+    if previous[signal.SIGINT] is signal.default_int_handler:  # not where SIGINT is ignored
+        signal.signal(signal.SIGINT, raise_interrupted)
     try:
         code = fn()
     except AmpError as e:
@@ -104,7 +108,8 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
             EXIT_INTERNAL,
         )
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     sys.exit(code)
 
 
@@ -729,6 +734,8 @@ def _run_in_workers(job: _ConvertJob, pairs: list[tuple[str, str]], workers: int
     worker_pids = [child.pid for child in multiprocessing.active_children() if child.pid is not None]
     try:
         for index, outcome in pool.imap_unordered(_worker_convert, tasks):
+            if stop_requested():  # a signal whose exception was lost: the batch still stops
+                raise_stop()
             done[index] = outcome
             while shown in done:  # in input order, as soon as the next one is there
                 _take(job, done.pop(shown))

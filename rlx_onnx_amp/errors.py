@@ -3,6 +3,8 @@ one line and exits with their `exit_code`. Anything else is a bug and keeps its 
 
 from __future__ import annotations
 
+import signal
+
 __all__ = [
     "AmpError",
     "InputError",
@@ -10,6 +12,8 @@ __all__ = [
     "PolicyError",
     "Terminated",
     "first_line",
+    "raise_interrupted",
+    "raise_stop",
     "raise_terminated",
     "request_stop",
     "stop_requested",
@@ -41,27 +45,41 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt: no `except Exception` may swallow it."""
 
 
-#: Set once SIGTERM arrived. The handler's exception can be lost: Python may run the handler
-#: inside a `__del__` or a finalizer, where an exception is printed and ignored, and the run
-#: would then go on as if nothing happened. What must not happen after a stop (a commit, a
-#: batch worker taking its next model) asks this flag too.
-_stop = False
+#: The signal that stopped the run (SIGINT or SIGTERM), once one arrived. The handler's
+#: exception can be lost: Python may run a handler inside a `__del__` or a finalizer, where an
+#: exception is printed and ignored, and the run would go on as if nothing happened. What
+#: must not happen after a stop (a commit, a batch worker taking its next model, a batch
+#: going on) asks `stop_requested` too, and `raise_stop` raises the exception again.
+_stop: int | None = None
 
 
-def request_stop(requested: bool = True) -> None:
-    """Record that the run must stop (or, with False, forget it: a new run in this process)."""
+def request_stop(signum: int | None = signal.SIGTERM) -> None:
+    """Record that `signum` stops the run (None: forget it, for a new run in this process)."""
     global _stop
-    _stop = requested
+    _stop = signum
 
 
 def stop_requested() -> bool:
-    return _stop
+    return _stop is not None
+
+
+def raise_stop() -> None:
+    """Raise the exception of the recorded stop: KeyboardInterrupt for SIGINT, else Terminated."""
+    if _stop == signal.SIGINT:
+        raise KeyboardInterrupt()
+    raise Terminated()
 
 
 def raise_terminated(signum: int, frame: object) -> None:
     """The SIGTERM handler: raise Terminated where the run is (and record the stop)."""
-    request_stop()
+    request_stop(signal.SIGTERM)
     raise Terminated()
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    """The SIGINT handler: raise KeyboardInterrupt, as Python's own does (and record the stop)."""
+    request_stop(signal.SIGINT)
+    raise KeyboardInterrupt()
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:

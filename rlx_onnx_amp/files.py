@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from rlx_onnx_amp.errors import InputError, Terminated, stop_requested
+from rlx_onnx_amp.errors import InputError, raise_stop, stop_requested
 
 try:  # POSIX only: elsewhere commits into one directory are not serialized across processes
     import fcntl
@@ -269,10 +269,10 @@ class OutputSet:
 
     def commit(self) -> None:
         """Move every staged file into place. Signals wait until the moves are done. After a
-        SIGTERM whose exception was lost (`errors.stop_requested`) nothing is moved."""
+        SIGINT or SIGTERM whose exception was lost (`errors.stop_requested`) nothing is moved."""
         with signals_deferred(committing=True), _locked(self._stages):
             if stop_requested():
-                raise Terminated()
+                raise_stop()
             for _, staged, final in sorted(self._files, key=lambda f: f[0]):
                 if (
                     _real(final) in self._protected

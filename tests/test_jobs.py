@@ -222,7 +222,9 @@ def test_a_worker_whose_stop_was_lost_never_takes_another_model() -> None:
     assert child.exitcode == 143 and queue.empty()
 
 
-def test_no_commit_after_a_lost_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, None)])
+def test_no_commit_after_a_lost_stop(tmp_path: Path, signum: int, raised: type[BaseException] | None) -> None:
+    """A signal whose exception was lost still stops the commit, with that signal's exception."""
     from rlx_onnx_amp.errors import Terminated, request_stop
     from rlx_onnx_amp.files import OutputSet
 
@@ -230,11 +232,11 @@ def test_no_commit_after_a_lost_stop(tmp_path: Path) -> None:
     try:
         with OutputSet() as out:
             out.write_bytes(final, b"model")
-            request_stop()
-            with pytest.raises(Terminated):
+            request_stop(signum)
+            with pytest.raises(raised or Terminated):
                 out.commit()
     finally:
-        request_stop(False)
+        request_stop(None)
     assert list(tmp_path.iterdir()) == []  # nothing moved, the staging removed
 
 
