@@ -160,7 +160,7 @@ class NodeDecision:
     reason: str | None = None  # why it was kept, when the policy wanted it lower
     source: bool = False  # a Constant-like node whose type follows its consumers
     keepable: bool = False  # the policy wants it lower, so a user keep (rule user-keep) applies to it
-    code: str | None = None  # the reason's stable code (`report.REASON_CODES`)
+    code: str | None = None  # the deciding rule of `KEEP_RULES` (`report.REASON_CODES`); None: lowered
 
     @property
     def label(self) -> str:
