@@ -165,3 +165,56 @@ def test_the_emit_contract_catches_a_retyped_integer_and_a_result_the_checker_re
     model.graph.node[0].input.append("no_such_value")
     with pytest.raises(PassContractError, match="pass emit: the result fails onnx's checker"):
         emit.ensures(plan)
+
+
+class _NoTemplates(dict):
+    """A template cache that never remembers: every node is decided by the rule list alone."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+def _decisions(model: onnx.ModelProto, policy: str, templates: bool, **options: object) -> list[tuple]:
+    plan, (decide, _, _) = conversion_passes(model, policy, ConvertOptions(**options))
+    if not templates:
+        decide._templates = _NoTemplates()
+    decide(plan)
+    return [
+        (d.path, d.precision, d.input_types, d.output_types, d.reason, d.code, d.source, d.keepable)
+        for scope in plan.scopes()
+        for d in scope.decisions
+    ]
+
+
+def _repeated(n: int = 6) -> onnx.ModelProto:
+    """x -> (Constant, Add, Relu, Cast to f32) * n: all but the first four nodes repeat a template."""
+    nodes, prev = [], "x"
+    for k in range(n):
+        nodes += [helper.make_node("Constant", [], [f"c{k}"], value=helper.make_tensor(f"cv{k}", TensorProto.FLOAT, [1], [0.5])),
+                  helper.make_node("Add", [prev, f"c{k}"], [f"a{k}"], name=f"add{k}"),
+                  helper.make_node("Relu", [f"a{k}"], [f"r{k}"], name=f"relu{k}"),
+                  helper.make_node("Cast", [f"r{k}"], [f"h{k}"], to=TensorProto.FLOAT)]
+        prev = f"h{k}"
+    graph = helper.make_graph(nodes, "repeated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("name", [*sorted(FIXTURES), *(p.stem for p in LIGHT)])
+def test_the_template_cache_decides_nothing_the_rules_would_not(name: str) -> None:
+    """Every decision from the template cache equals the one the rule list gives the node
+    alone: the cache memoises the rules' outcome, it does not decide."""
+    model = FIXTURES[name]().model if name in FIXTURES else onnx.load(str(LIGHT[[p.stem for p in LIGHT].index(name)]))
+    for policy in POLICIES:
+        assert _decisions(model, policy, True) == _decisions(model, policy, False), policy
+
+
+def test_the_template_cache_keeps_per_node_rules_per_node() -> None:
+    model = _repeated()
+    options = {"keep_f32_nodes": ("^add3$",), "keep_f32_paths": {"6": "repair: kept"}}
+    cached = _decisions(model, "always-f16", True, **options)
+    assert cached == _decisions(model, "always-f16", False, **options)
+    codes = {path: code for path, _, _, _, _, code, _, _ in cached}
+    assert codes["13"] == "user-keep" and codes["6"] == "user-keep" and codes["9"] is None  # add3, relu1, add2
+    assert {codes[str(4 * k)] for k in range(6)} == {"source-follows-consumers"}
+    assert {codes[str(4 * k + 3)] for k in range(6)} == {"cast-keeps-to"}
