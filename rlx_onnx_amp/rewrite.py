@@ -227,11 +227,12 @@ class _Outcome(NamedTuple):
     lowered) with its reason, or the lowering. What the template cache memoises per key."""
 
     kind: OpKind | None
-    rule: KeepRule | None
+    code: str | None  # the rule's
     reason: str | None  # reported (effect KEEPS) only
     precision: Precision | None
     input_types: dict[int, int | None]  # the decision's
     output_types: dict[int, int]
+    source: bool  # the rule's effect is FOLLOWS_CONSUMERS
     keepable: bool  # none of the rules above user-keep fired, so a user keep still applies
 
 
@@ -746,13 +747,11 @@ class DecidePass(Pass[Plan]):
         self, outcome: _Outcome, path: str, node: NodeProto, op: str, domain: str, ins: list[str], outs: list[str]
     ) -> NodeDecision:
         """The node's decision from its outcome, then the per-node rules over it."""
-        kind, rule, reason, precision, input_types, output_types, keepable = outcome
-        source = rule is not None and rule.effect is Effect.FOLLOWS_CONSUMERS
+        kind, code, reason, precision, input_types, output_types, source, keepable = outcome
         if source:  # store_scope settles a source's precision on its own copy
             input_types, output_types = dict(input_types), dict(output_types)
-        code = rule.code if rule is not None else None
-        decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason)
-        decision.source, decision.keepable, decision.code = source, keepable, code
+        decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types)
+        decision.reason, decision.source, decision.keepable, decision.code = reason, source, keepable, code
         if keepable and self.user_keeps:
             self._apply_node_rules(decision)
         return decision
@@ -901,12 +900,13 @@ class DecidePass(Pass[Plan]):
             if reason:
                 reported = reason if rule.effect is Effect.KEEPS else None
                 keepable = _RULE_ORDER[rule.code] > _KEEPABLE_FROM
-                inputs = {} if rule.effect is Effect.FOLLOWS_CONSUMERS else any_inputs
-                return _Outcome(kind, rule, reported, None, inputs, {}, keepable)
+                source = rule.effect is Effect.FOLLOWS_CONSUMERS
+                inputs = {} if source else any_inputs
+                return _Outcome(kind, rule.code, reported, None, inputs, {}, source, keepable)
         assert target is not None and f.lowering is not None  # the lowering rules asked for it
         low, ins = target.elem_type, f.ins
         input_types: dict[int, int | None] = {**any_inputs, **{k: low for k in f.lowering.inputs if ins[k]}}
-        return _Outcome(kind, None, None, target, input_types, {k: low for k in f.lowering.outputs}, True)
+        return _Outcome(kind, None, None, target, input_types, {k: low for k in f.lowering.outputs}, False, True)
 
     def _cast_block(self, target: Precision) -> str | None:
         """Why the Casts around a node lowered to `target` cannot be written at the
