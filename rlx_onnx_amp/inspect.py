@@ -14,7 +14,8 @@ __all__ = ["inspect_model"]
 
 
 def inspect_model(model: ModelProto, policy: Policy, options: ConvertOptions, model_name: str = "") -> dict[str, Any]:
-    """Per kind and per op type: node counts and the precision each would get."""
+    """Per kind and per op type: node counts and the precision each would get; per rule of
+    the rewrite's list, how many nodes it kept from the policy's precision."""
     work = ModelProto()
     work.CopyFrom(model)
     report = ConversionReport(model=model_name)
@@ -28,6 +29,7 @@ def inspect_model(model: ModelProto, policy: Policy, options: ConvertOptions, mo
         "by_op": dict(sorted(report.by_op.items())),
         "casts_inserted": report.casts_inserted,
         "kept_f32": [k.to_json() for k in report.kept_f32],
+        "by_rule": report.by_rule(),
         "unknown_ops": report.unknown_ops,
         "cost": report.cost.to_json() if report.cost is not None else None,
     }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.report import REASON_CODES, ConversionReport
 from rlx_onnx_amp.verification.metrics import OutputDrift
 
 __all__ = [
@@ -167,6 +167,9 @@ def inspect_table(summary: dict[str, Any]) -> str:
             [[op, *(c.get(p, 0) for p in PRECISION_COLUMNS)] for op, c in summary["by_op"].items()],
         ),
     ]
+    if summary.get("by_rule"):
+        rows = [[code, count, REASON_CODES[code]] for code, count in summary["by_rule"].items()]
+        lines += ["", table(("rule", "nodes", "meaning"), rows)]
     if summary["kept_f32"]:
         lines += [
             "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,7 @@ class ConversionReport:
             "casts_removed": self.casts_removed,
             "changed": self.changed,
             "kept_f32": [k.to_json() for k in self.kept_f32],
+            "by_rule": self.by_rule(),
             "clamped": self.clamped,
             "initializer_bytes": {"before": self.initializer_bytes_before, "after": self.initializer_bytes_after},
             "unknown_ops": self.unknown_ops,
@@ -119,6 +121,13 @@ class ConversionReport:
         if self.repair is not None:
             data["repair"] = self.repair
         return data
+
+    def by_rule(self) -> dict[str, int]:
+        """How many nodes each of the rules decided (`rules`), in the order of their list;
+        those that decided none are left out. Lowered nodes are not counted: none of the
+        rules stopped them."""
+        counts = Counter(self.rules.values())
+        return {code: counts[code] for code in REASON_CODES if counts[code]}
 
     def why_not_keepable(self, path: str) -> str | None:
         """None when a keep of node `path` changes the conversion; else why it cannot: the

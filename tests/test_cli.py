@@ -113,8 +113,11 @@ def test_inspect(model: Path, tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["by_op"]["MatMul"] == {"f32": 8} and data["by_op"]["Softmax"] == {"f16": 1}
     assert data["nodes"]["total"] == 37
+    # 18 nodes stay f32: the Cast keeps its `to`, the policy runs the other 17's kinds at f32
+    assert data["by_rule"] == {"source-follows-consumers": 1, "cast-keeps-to": 1, "policy-f32": 17}
     text = rlx("inspect", str(model))
     assert text.returncode == 0 and "LayerNormalization" in text.stdout
+    assert "policy-f32                17     the policy runs its kind at f32" in text.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]  # nothing written
 
 

@@ -235,6 +235,18 @@ def test_type_variable() -> None:
     _same_numbers(model, out, feeds)
 
 
+def test_the_report_counts_the_nodes_each_rule_decided_in_list_order() -> None:
+    model = _model([helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.full((2, 3), 2.0, np.float32))),
+                    helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "c"], ["a"]),
+                    helper.make_node("Softmax", ["a"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+                   [X], [Y], [numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")])
+    report = ConversionReport()
+    convert(model, "auto-mixed", report=report, keep_f32_ops=["Softmax"])
+    assert report.by_rule() == {"source-follows-consumers": 1, "policy-f32": 1, "user-keep": 1}
+    assert report.to_json()["by_rule"] == report.by_rule()
+    assert report.decisions == {"0": "f16", "1": "f32", "2": "f16", "3": "f32", "4": "f16"}
+
+
 def test_every_rule_has_its_example_here() -> None:
     tested = {name[len("test_"):].replace("_", "-") for name in globals() if name.startswith("test_")}
     assert set(REASON_CODES) <= tested and {r.code for r in VARIABLE_RULES} <= tested
