@@ -67,7 +67,7 @@ from rlx_onnx_amp.verification.compare import (
 )
 from rlx_onnx_amp.verification.core import VerifyReport, check_output_names, verify
 from rlx_onnx_amp.verification.emulate import emulate
-from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesize
+from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesize, synthesized_inputs_error
 from rlx_onnx_amp.verification.localize import expose_outputs, localize
 from rlx_onnx_amp.verification.metrics import Tolerance
 
@@ -412,7 +412,12 @@ class _Evaluator:
         )
         ref_session = Session(str(ref_path), self.provider, str(ref_path))
         self.output_names = ref_session.output_names
-        self.reference = run_each(ref_session, self.samples, self.output_names)
+        try:
+            self.reference = run_each(ref_session, self.samples, self.output_names)
+        except ModelRunError as e:
+            if verify_options.inputs:
+                raise
+            raise synthesized_inputs_error(e, self.model, verify_options.spec) from None
         del ref_session
         self.evaluations = 0
         self.compared: Compared | None = None

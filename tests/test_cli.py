@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -222,3 +223,31 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert code == 0 and "PASS" in stdout and "verifying" in terminal and "running" in terminal and "100%" in terminal, terminal
     code, _, terminal = _rlx_on_terminal("verify", str(DEMO), str(small), "--samples", "4", "-q")
     assert code == 0 and terminal == ""
+
+
+def _wide_conv(path: Path) -> Path:
+    """x (1x1xT, T symbolic) -> Conv with a kernel of 10 -> y: synthesis guesses T = 8."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (1, 1, 10)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])], "wide_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, None])], [weight],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("command", ["verify", "repair"])
+def test_a_reference_that_cannot_run_on_guessed_axes_says_to_give_their_sizes(tmp_path: Path, command: str) -> None:
+    """The reference is fine; the synthesized input (T = 8) is shorter than its kernel. That is
+    an input error naming the guessed shape and --shape, in one line (no onnxruntime log line),
+    with nothing written; the sizes given, the same run passes."""
+    src = _wide_conv(tmp_path / "conv.onnx")
+    flag = "--verify" if command == "verify" else "--repair"
+    args = (str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), flag, "--provider", "cpu", "-q")
+    _bad(tmp_path, *args, expect="on synthesized inputs whose symbolic axes were guessed (x 1x1x8); give their sizes with --shape")
+    result = rlx(*args, "--shape", "x:1x1x64")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.onnx").is_file()

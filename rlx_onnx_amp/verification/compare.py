@@ -99,7 +99,7 @@ class Session:
 
     def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # fatal only: an error reaches the user as one line, from the exception
         opts.intra_op_num_threads = SESSION_THREADS
         providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
         buffers = [_map_file(path) for path in (external or {}).values()]

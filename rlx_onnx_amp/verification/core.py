@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 
 from rlx_onnx_amp.api import load_model
-from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.precision import PRECISIONS
 from rlx_onnx_amp.verification.compare import (
@@ -27,7 +27,13 @@ from rlx_onnx_amp.verification.compare import (
     run_each,
     tolerance_for,
 )
-from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, save_inputs, synthesize
+from rlx_onnx_amp.verification.inputs import (
+    check_feeds,
+    load_inputs,
+    save_inputs,
+    synthesize,
+    synthesized_inputs_error,
+)
 from rlx_onnx_amp.verification.localize import localize
 from rlx_onnx_amp.verification.metrics import OutputDrift
 
@@ -142,7 +148,10 @@ def verify(
     # then the candidate's): verifying needs about one model's memory, not two.
     ref_session = Session(str(ref_path), provider, str(ref_path))
     names, providers_used = ref_session.output_names, ref_session.session.get_providers()
-    ref_runs = run_each(ref_session, samples, names, progress, "running the reference")
+    try:
+        ref_runs = run_each(ref_session, samples, names, progress, "running the reference")
+    except ModelRunError as e:
+        raise (e if options.inputs else synthesized_inputs_error(e, ref_model, options.spec)) from None
     del ref_session
     with Scratch("rlx-amp-verify-") as tmp:
         compared = open_compared(

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rlx_onnx_amp.errors import InputError, first_line
+from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError, first_line
 from rlx_onnx_amp.files import OutputSet
 from rlx_onnx_amp.precision import FLOAT_TYPES
 from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
@@ -42,6 +42,7 @@ __all__ = [
     "parse_shape",
     "save_inputs",
     "synthesize",
+    "synthesized_inputs_error",
 ]
 
 DEFAULT_SEED = 0
@@ -124,6 +125,33 @@ def _vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
 
 def _shape(vi: onnx.ValueInfoProto, spec: InputSpec) -> tuple[int, ...]:
     return spec.shapes[vi.name] if vi.name in spec.shapes else concrete_input_shape(vi)
+
+
+def _guessed_shapes(model: onnx.ModelProto, spec: InputSpec) -> dict[str, tuple[int, ...]]:
+    """The synthesized shape of each graph input with an axis that neither the model nor
+    --shape fixes (guessed: 1 for the first axis, `DEFAULT_DIM` for the others)."""
+    guessed = {}
+    for vi in _graph_inputs(model):
+        if vi.name in spec.shapes or not vi.type.HasField("tensor_type"):
+            continue
+        if any(not (d.HasField("dim_value") and d.dim_value > 0) for d in vi.type.tensor_type.shape.dim):
+            guessed[vi.name] = concrete_input_shape(vi)
+    return guessed
+
+
+def synthesized_inputs_error(error: ModelRunError, model: onnx.ModelProto, spec: InputSpec) -> AmpError:
+    """What to say when the reference cannot run on synthesized inputs: where some of their
+    axes were guessed, the guess is the likely cause (an audio Conv wider than 8 samples), and
+    the user can give real sizes, so it is an input error (exit 2) that says how; otherwise
+    the model itself cannot run, and the error stands."""
+    guessed = _guessed_shapes(model, spec)
+    if not guessed:
+        return error
+    shown = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in guessed.items())
+    return InputError(
+        f"{error} on synthesized inputs whose symbolic axes were guessed ({shown}); "
+        "give their sizes with --shape NAME:1x128, or real inputs with --inputs FILE"
+    )
 
 
 def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict[str, np.ndarray]:
