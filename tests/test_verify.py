@@ -355,3 +355,26 @@ def test_emulation_rounds_an_f32_value_a_low_node_reads(tmp_path: Path) -> None:
     result = verify(src, out, VerifyOptions(provider="cpu", inputs=str(tmp_path / "in.npz")))
     assert result.emulated and not result.passed
     assert result.outputs[0].new_inf == expected_inf
+
+
+def test_a_constant_reference_is_named_and_its_pass_says_it_proves_little(tmp_path: Path) -> None:
+    """A reference output that is one value everywhere (here: x * 0 through a Relu) passes on
+    max_abs alone; the report names it (constant_reference) and the table and the Markdown
+    summary say that only max_abs <= atol was checked there."""
+    tol = Tolerance(atol=1e-2, rtol_of_max=1e-2, rtol=None, min_cosine=0.999)
+    assert compare_arrays("y", np.zeros((2, 3)), np.full((2, 3), 1e-3), tol).constant_reference == 0.0
+    assert compare_arrays("y", np.arange(6.0), np.arange(6.0), tol).constant_reference is None
+    assert compare_arrays("y", np.ones(1), np.ones(1), tol).constant_reference is None  # one element: no claim
+    zero = onnx.numpy_helper.from_array(np.zeros((2, 3), np.float32), "z")
+    graph = h.make_graph([h.make_node("Mul", ["x", "z"], ["m"]), h.make_node("Relu", ["m"], ["y"])], "zero",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [zero])
+    src = tmp_path / "zero.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(src))
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), "--verify", "--provider", "cpu",
+                 "--report-json", str(tmp_path / "r.json"), "--report-md", str(tmp_path / "r.md"))
+    assert result.returncode == 0, result.stderr
+    assert "note: the reference's output is constant for y (every element 0)" in result.stdout
+    assert "only max_abs <= atol was checked there" in (tmp_path / "r.md").read_text()
+    (output,) = json.loads((tmp_path / "r.json").read_text())["verify"]["outputs"]
+    assert output["constant_reference"] == 0.0 and output["cosine"] is None and output["passed"]

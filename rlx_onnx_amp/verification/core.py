@@ -74,6 +74,11 @@ class VerifyReport:
         return "; ".join(checks)
 
     @property
+    def constant_outputs(self) -> dict[str, float]:
+        """Outputs whose reference holds one value everywhere: a pass there proves little."""
+        return {o.name: o.constant_reference for o in self.outputs if o.constant_reference is not None}
+
+    @property
     def passed(self) -> bool:
         return bool(self.outputs) and all(o.passed for o in self.outputs)
 

@@ -59,6 +59,10 @@ class OutputDrift:
     new_inf: int = 0
     worst: dict[str, Any] | None = None
     top1_agreement: float | None = None
+    #: The one value every finite element of the reference holds, when it has more than one
+    #: element: the output then shows little of the conversion (cosine is not checked, and
+    #: max_abs is judged against atol alone), which the verdict says.
+    constant_reference: float | None = None
     passed: bool = True
     failures: list[str] | None = None
     failed_checks: list[str] | None = None  # which of CHECKS decided a failure
@@ -178,6 +182,8 @@ def _float_checks(
     drift.snr_db = _finite_or_none(10 * math.log10(power / noise)) if noise > 0 and power > 0 else None
     norm = float(np.linalg.norm(rf) * np.linalg.norm(cf))
     constant = float(np.ptp(rf)) == 0.0
+    if constant and rf.size > 1:
+        drift.constant_reference = float(rf[0])
     if norm > 0:
         drift.cosine = float(np.dot(rf, cf) / norm)
     elif not constant:
