@@ -171,8 +171,11 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
         f"<p>Compared against <code>{_e(v.reference)}</code> on {_e(v.provider)} "
         f"({_e(', '.join(v.providers_used))}){_e(emulated)}. Seed {v.seed}, {v.samples} input set(s).</p>",
         f"<p>{_e(render.criterion_line(v))}.<br><span class='muted'>Criterion: {_e(v.criterion)}.</span></p>",
-        _table([c.header for c in render.DRIFT_COLUMNS], render.drift_rows(v)),
     ]
+    note = render.constant_note(v)
+    if note:
+        out.append(f"<p><strong>Note</strong>: {_e(note.removeprefix('note: '))}.</p>")
+    out.append(_table([c.header for c in render.DRIFT_COLUMNS], render.drift_rows(v)))
     needed = [t for o in v.outputs if not o.passed and (t := render.required_tolerances(o))]
     if needed:
         out.append("<p>Minimum tolerances that would have passed:</p><ul>")

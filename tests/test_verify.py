@@ -359,8 +359,8 @@ def test_emulation_rounds_an_f32_value_a_low_node_reads(tmp_path: Path) -> None:
 
 def test_a_constant_reference_is_named_and_its_pass_says_it_proves_little(tmp_path: Path) -> None:
     """A reference output that is one value everywhere (here: x * 0 through a Relu) passes on
-    max_abs alone; the report names it (constant_reference) and the table and the Markdown
-    summary say that only max_abs <= atol was checked there."""
+    max_abs alone; the report names it (constant_reference) and the table, the Markdown
+    summary and the HTML page say that only max_abs <= atol was checked there."""
     tol = Tolerance(atol=1e-2, rtol_of_max=1e-2, rtol=None, min_cosine=0.999)
     assert compare_arrays("y", np.zeros((2, 3)), np.full((2, 3), 1e-3), tol).constant_reference == 0.0
     assert compare_arrays("y", np.arange(6.0), np.arange(6.0), tol).constant_reference is None
@@ -372,9 +372,11 @@ def test_a_constant_reference_is_named_and_its_pass_says_it_proves_little(tmp_pa
     src = tmp_path / "zero.onnx"
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(src))
     result = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), "--verify", "--provider", "cpu",
-                 "--report-json", str(tmp_path / "r.json"), "--report-md", str(tmp_path / "r.md"))
+                 "--report-json", str(tmp_path / "r.json"), "--report-md", str(tmp_path / "r.md"),
+                 "--report-html", str(tmp_path / "r.html"))
     assert result.returncode == 0, result.stderr
     assert "note: the reference's output is constant for y (every element 0)" in result.stdout
+    assert "only max_abs &lt;= atol was checked there" in (tmp_path / "r.html").read_text()
     assert "only max_abs <= atol was checked there" in (tmp_path / "r.md").read_text()
     (output,) = json.loads((tmp_path / "r.json").read_text())["verify"]["outputs"]
     assert output["constant_reference"] == 0.0 and output["cosine"] is None and output["passed"]
