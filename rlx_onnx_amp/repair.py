@@ -15,7 +15,9 @@ not a Constant-like node, a Cast, control flow or an unknown op).
    and that feeds an input where zero is singular (a divisor, a square root, a logarithm) keeps
    its producer and that consumer in f32 (`underflow`).
 2. **Localization**: while it fails, the first keepable node where drift jumps, NaN/Inf appears
-   or a shape starts to differ (`--localize`) is kept in f32 (`drift`).
+   or a shape starts to differ (`--localize`) is kept in f32 (`drift`), unless its op only
+   copies its inputs' values (`VALUE_EXACT_OPS`: a Reshape's drift is its rounded input, and
+   keeping it alone would only move that rounding to its readers).
 3. **Bisection** over what remains when localization names no new node: the keepable nodes in
    graph order (bodies of If/Loop/Scan included, by node path) are halved, keeping the half
    whose f32 restores the most accuracy, until one node is left; when both halves of a pool
@@ -50,7 +52,7 @@ from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
-from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind, kind_of
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, VALUE_EXACT_OPS, OpKind, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, subgraphs
 from rlx_onnx_amp.verification.compare import (
@@ -598,6 +600,8 @@ def _repair(
                 if found["path"] in current.keep or found["path"] in screen.absorbed:
                     continue
                 why = search.report.why_not_keepable(found["path"]) if found["path"] not in keepable else None
+                if why is None and _value_exact(ev.model.graph.node[int(found["path"])]):
+                    why = "its outputs only hold its inputs' values (VALUE_EXACT_OPS): kept alone it moves the rounding"
                 if why is None:
                     named.append(found)
                     break
@@ -638,6 +642,12 @@ def _repair(
     conversion.verify = verified.to_json()
     conversion.repair = result.to_json()
     return conversion, verified, result
+
+
+def _value_exact(node: onnx.NodeProto) -> bool:
+    """Whether the node only copies, rearranges or selects its inputs' values: drift that
+    appears at it is its inputs' rounding, which keeping it alone only moves to its readers."""
+    return node.domain in DEFAULT_DOMAINS and node.op_type in VALUE_EXACT_OPS
 
 
 def _path_key(path: str) -> tuple[int, ...]:

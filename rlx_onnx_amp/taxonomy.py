@@ -22,6 +22,7 @@ __all__ = [
     "SOURCE_VALUE_ATTRIBUTES",
     "TYPED_TENSOR_ATTRIBUTES",
     "TYPE_ATTRIBUTES",
+    "VALUE_EXACT_OPS",
     "OpKind",
     "canonical_domain",
     "kind_of",
@@ -528,3 +529,33 @@ ANY_FLOAT_INPUTS: Mapping[str, tuple[int, ...]] = {
     "Shape": (0,),
     "Size": (0,),
 }
+
+
+#: Default-domain ops whose float outputs hold only values their float inputs hold: copied,
+#: rearranged or selected, never computed. Rounded inputs are their only drift, so keeping one
+#: alone in f32 moves the Cast to its readers and changes no value: repair's localization
+#: passes over them (`repair`).
+VALUE_EXACT_OPS: frozenset[str] = frozenset(
+    {
+        "Compress",
+        "Concat",
+        "DepthToSpace",
+        "Expand",
+        "Flatten",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Identity",
+        "Pad",
+        "Reshape",
+        "ReverseSequence",
+        "Slice",
+        "SpaceToDepth",
+        "Split",
+        "Squeeze",
+        "Tile",
+        "Transpose",
+        "Unsqueeze",
+        "Where",
+    }
+)
