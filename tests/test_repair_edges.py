@@ -160,3 +160,33 @@ def test_a_loop_whose_body_values_change_shape_is_screened_without_crashing(tmp_
     data = _repaired(tmp_path, src, expect=0)
     assert "scale" in {k["node"] for k in data["repair"]["kept_f32"]}
     assert data["repair"]["history"][1]["stage"] == "magnitude screen"
+
+
+def test_localization_never_spends_an_evaluation_on_a_node_that_only_copies_values(tmp_path: Path) -> None:
+    """x (about 1000) -> Reshape -> Sub 1000 -> MatMul under always-f16, with tolerances tight
+    enough that the rounding of x already counts: drift first jumps at the Reshape, but keeping
+    it alone would only move the Cast to the Sub. Localization passes over it (VALUE_EXACT_OPS);
+    the repair still passes, keeping the Sub and the MatMul, and the Reshape's keep is only ever
+    tried inside a bisection. (Before, its first localization step kept the Reshape alone.)"""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.full((8, 8), 1000.0, np.float32), "c"),
+             numpy_helper.from_array(np.array([8, 8], np.int64), "shape"),
+             numpy_helper.from_array(rng.uniform(-1, 1, (8, 8)).astype(np.float32), "w")]
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+                               helper.make_node("Sub", ["r", "c"], ["s"], name="sub"),
+                               helper.make_node("MatMul", ["s", "w"], ["y"], name="mm")], "exact",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])], inits)
+    src = tmp_path / "exact.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    np.savez(tmp_path / "in.npz", x=(1000 + rng.uniform(-1, 1, (1, 64))).astype(np.float32))
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), "--repair", "--provider", "cpu",
+                 "--inputs", str(tmp_path / "in.npz"), "--atol", "1e-6", "--rtol-of-max", "1e-5",
+                 "--report-json", str(tmp_path / "r.json"), "-q")
+    assert result.returncode == 0, result.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())["repair"]
+    stages = [h["stage"] for h in rep["history"]]
+    assert "localize reshape" not in stages and "localize sub" in stages and "localize mm" in stages, stages
+    assert rep["passed"] and {k["node"] for k in rep["kept_f32"]} >= {"sub", "mm"}
