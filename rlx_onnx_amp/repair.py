@@ -21,7 +21,9 @@ not a Constant-like node, a Cast, control flow or an unknown op).
 3. **Bisection** over what remains when localization names no new node: the keepable nodes in
    graph order (bodies of If/Loop/Scan included, by node path) are halved, keeping the half
    whose f32 restores the most accuracy, until one node is left; when both halves of a pool
-   that passed fail, it stops (the culprits span both) and minimization takes over.
+   that passed fail, it stops (the culprits span both) and minimization takes over. The first
+   time both halves of a whole pool fail, the whole pool is tried once (drift that many nodes
+   add a little each).
 4. **Minimality**: once a candidate passes, kept nodes are given back in chunks while the
    result still passes, as far as the budget allows: the screen's readers-only nodes first,
    then the Compute nodes, then the rest; a chunk that cannot go is halved.
@@ -455,6 +457,7 @@ class _Search:
         self.progress = progress
         self.history: list[Evaluation] = []
         self.report: ConversionReport | None = None  # of the last evaluation
+        self.whole_pool_tried = False  # `bisect` tries a whole pool once
 
     @property
     def left(self) -> int:
@@ -475,19 +478,30 @@ class _Search:
     def bisect(self, keep: dict[str, str], pool: list[str]) -> Evaluation | None:
         """Halve `pool` toward the one node whose f32 restores accuracy; the last evaluation.
         When neither half alone passes but the pool did (a half of the level above), the
-        culprits span both halves: it stops there, and minimization goes on from that pass."""
+        culprits span both halves: it stops there, and minimization goes on from that pass.
+        The first time neither half of a whole pool passes, the whole pool is tried once: when
+        it passes, the culprits span both halves, and minimization goes on from there (one
+        node a round would never get there with many culprits)."""
         last = None
         pool_passed = False
+        top = True
         while len(pool) > 1 and self.left >= 1:
             first, second = pool[: len(pool) // 2], pool[len(pool) // 2 :]
             a = last = self.step(f"bisect {len(first)} nodes", {**keep, **dict.fromkeys(first, "drift")})
             if a.passed or self.left < 1:
-                pool, pool_passed = first, a.passed
+                pool, pool_passed, top = first, a.passed, False
                 continue
             b = last = self.step(f"bisect {len(second)} nodes", {**keep, **dict.fromkeys(second, "drift")})
             if b.passed:
-                pool, pool_passed = second, True
+                pool, pool_passed, top = second, True, False
                 continue
+            if top and not self.whole_pool_tried and self.left >= 1:
+                self.whole_pool_tried = True
+                whole = self.step(f"bisect all {len(pool)} nodes", {**keep, **dict.fromkeys(pool, "drift")})
+                if whole.passed:
+                    return whole
+                last = whole
+            top = False
             if pool_passed:
                 return last
             pool = first if a.score <= b.score else second
