@@ -162,13 +162,8 @@ def test_a_loop_whose_body_values_change_shape_is_screened_without_crashing(tmp_
     assert data["repair"]["history"][1]["stage"] == "magnitude screen"
 
 
-def test_localization_never_spends_an_evaluation_on_a_node_that_only_copies_values(tmp_path: Path) -> None:
-    """x (about 1000) -> Reshape -> Sub 1000 -> MatMul under always-f16, with tolerances tight
-    enough that the rounding of x already counts: drift first jumps at the Reshape, but keeping
-    it alone would only move the Cast to the Sub. Localization passes over it (VALUE_EXACT_OPS);
-    the repair still passes, keeping the Sub and the MatMul, and the Reshape's keep is only ever
-    tried inside a bisection. (Before, its first localization step kept the Reshape alone.)
-    Here that costs one evaluation: the pass comes at the fifth, not the fourth."""
+def _exact_model(tmp_path: Path) -> tuple[Path, Path]:
+    """x (about 1000) -> Reshape -> Sub 1000 -> MatMul, and fixed inputs for it."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -183,14 +178,38 @@ def test_localization_never_spends_an_evaluation_on_a_node_that_only_copies_valu
     src = tmp_path / "exact.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
     np.savez(tmp_path / "in.npz", x=(1000 + rng.uniform(-1, 1, (1, 64))).astype(np.float32))
+    return src, tmp_path / "in.npz"
+
+
+#: Tolerances tight enough that rounding x (about 1000) to f16 already counts as drift.
+_TIGHT = ("--atol", "1e-6", "--rtol-of-max", "1e-5")
+
+
+def test_localization_never_spends_an_evaluation_on_a_node_that_only_copies_values(tmp_path: Path) -> None:
+    """Under always-f16 drift first jumps at the Reshape, but keeping it alone would only move
+    the Cast to the Sub. Localization passes over it (VALUE_EXACT_OPS); the repair still
+    passes, keeping the Sub and the MatMul, and the Reshape's keep is only ever tried inside a
+    bisection. (Before, its first localization step kept the Reshape alone.) Here that costs
+    one evaluation: the pass comes at the fifth, not the fourth."""
+    src, inputs = _exact_model(tmp_path)
     result = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), "--repair", "--provider", "cpu",
-                 "--inputs", str(tmp_path / "in.npz"), "--atol", "1e-6", "--rtol-of-max", "1e-5",
-                 "--report-json", str(tmp_path / "r.json"), "-q")
+                 "--inputs", str(inputs), *_TIGHT, "--report-json", str(tmp_path / "r.json"), "-q")
     assert result.returncode == 0, result.stderr
     rep = json.loads((tmp_path / "r.json").read_text())["repair"]
     stages = [h["stage"] for h in rep["history"]]
     assert "localize reshape" not in stages and "localize sub" in stages, stages
     assert rep["passed"] and {k["node"] for k in rep["kept_f32"]} >= {"sub", "mm"} and rep["best"]["evaluation"] == 4
+
+
+def test_localize_says_a_node_that_only_copies_values_drifts_by_its_rounded_input(tmp_path: Path) -> None:
+    """--localize names the Reshape first, with reason 'input rounded' (not 'drift jumps'): the
+    candidate rounds x before it, so its readers, not it, are what a keep would help."""
+    src, inputs = _exact_model(tmp_path)
+    result = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), "--verify", "--localize",
+                 "--provider", "cpu", "--inputs", str(inputs), *_TIGHT, "--report-json", str(tmp_path / "r.json"), "-q")
+    assert result.returncode == 1, result.stderr
+    localized = json.loads((tmp_path / "r.json").read_text())["verify"]["localized"]
+    assert [(d["node"], d["reason"]) for d in localized][:1] == [("reshape", "input rounded")], localized
 
 
 def test_culprits_everywhere_are_found_by_trying_the_whole_pool(tmp_path: Path) -> None:
