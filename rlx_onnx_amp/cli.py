@@ -324,7 +324,7 @@ def main() -> None:
 
     \b
     rlx-amp MODEL --policy auto-mixed -o OUT.onnx      convert (the default command)
-    rlx-amp inspect MODEL [--policy P]                 what each kind and op would get
+    rlx-amp inspect MODEL [--policy P]                 what each kind and op would get, and by which rule
     rlx-amp verify REFERENCE CANDIDATE                 measure output drift
     rlx-amp merge-reports SHARD.json...                one summary from several runs' JSON reports
     rlx-amp demo [PATH]                                write the bundled demo model
@@ -1007,7 +1007,8 @@ def inspect_cmd(
     compare_policies: bool,
     as_json: bool,
 ) -> None:
-    """Show per kind and per op type the node counts and the precision each would get."""
+    """Show per kind and per op type the node counts and the precision each would get, and for
+    each of the rewrite's rules the nodes it kept from the policy's table."""
     ctx = click.get_current_context()
 
     def run() -> int:
