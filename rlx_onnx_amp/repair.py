@@ -60,18 +60,18 @@ from rlx_onnx_amp.types import model_types, names_read, subgraphs
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Scratch,
-    Session,
     VerifyOptions,
     compare_outputs,
+    input_sets,
     open_compared,
     pair_runs,
     resolve_provider,
     run_each,
+    run_reference,
     tolerance_for,
 )
 from rlx_onnx_amp.verification.core import VerifyReport, check_output_names, verify
 from rlx_onnx_amp.verification.emulate import emulate
-from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesize, synthesized_inputs_error
 from rlx_onnx_amp.verification.localize import expose_outputs, localize
 from rlx_onnx_amp.verification.metrics import Tolerance
 
@@ -402,27 +402,11 @@ class _Evaluator:
         self.tmp = tmp
         self.model = load_model(ref_path, load_external_data=True)
         self.provider = resolve_provider(verify_options.provider)
-        if verify_options.inputs:
-            self.samples = load_inputs(verify_options.inputs, self.model)
-        else:
-            self.samples = [
-                synthesize(self.model, verify_options.spec, k) for k in range(max(verify_options.spec.samples, 1))
-            ]
+        self.samples = input_sets(self.model, verify_options)
         check_output_names(verify_options, self.model, ref_path)
-        check_feeds(
-            self.model,
-            self.samples,
-            f"--inputs {verify_options.inputs}" if verify_options.inputs else "synthesized inputs (--shape)",
+        self.output_names, _, self.reference = run_reference(
+            ref_path, self.model, self.provider, self.samples, verify_options
         )
-        ref_session = Session(str(ref_path), self.provider, str(ref_path))
-        self.output_names = ref_session.output_names
-        try:
-            self.reference = run_each(ref_session, self.samples, self.output_names)
-        except ModelRunError as e:
-            if verify_options.inputs:
-                raise
-            raise synthesized_inputs_error(e, self.model, verify_options.spec) from None
-        del ref_session
         self.evaluations = 0
         self.compared: Compared | None = None
         self.candidate: onnx.ModelProto | None = None

@@ -11,28 +11,25 @@ from typing import Any
 import onnx
 
 from rlx_onnx_amp.api import load_model
-from rlx_onnx_amp.errors import InputError, ModelRunError
+from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.precision import PRECISIONS
 from rlx_onnx_amp.verification.compare import (
     PROVIDERS,
     Progress,
     Scratch,
-    Session,
     VerifyOptions,
     compare_outputs,
+    input_sets,
     open_compared,
     pair_runs,
     resolve_provider,
     run_each,
+    run_reference,
     tolerance_for,
 )
 from rlx_onnx_amp.verification.inputs import (
-    check_feeds,
-    load_inputs,
     save_inputs,
-    synthesize,
-    synthesized_inputs_error,
 )
 from rlx_onnx_amp.verification.localize import localize
 from rlx_onnx_amp.verification.metrics import OutputDrift
@@ -131,11 +128,7 @@ def verify(
     _check_interfaces(ref_model, cand_model, ref_path, Path(cand_label))
     check_output_names(options, ref_model, ref_path)
 
-    if options.inputs:
-        samples = load_inputs(options.inputs, ref_model)
-    else:
-        samples = [synthesize(ref_model, options.spec, k) for k in range(max(options.spec.samples, 1))]
-    check_feeds(ref_model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
+    samples = input_sets(ref_model, options)
     if options.save_inputs:
         if outputs is None:
             paths = RunPaths()
@@ -151,13 +144,7 @@ def verify(
 
     # One onnxruntime session at a time (the reference's outputs kept, its session released,
     # then the candidate's): verifying needs about one model's memory, not two.
-    ref_session = Session(str(ref_path), provider, str(ref_path))
-    names, providers_used = ref_session.output_names, ref_session.session.get_providers()
-    try:
-        ref_runs = run_each(ref_session, samples, names, progress, "running the reference")
-    except ModelRunError as e:
-        raise (e if options.inputs else synthesized_inputs_error(e, ref_model, options.spec)) from None
-    del ref_session
+    names, providers_used, ref_runs = run_reference(ref_path, ref_model, provider, samples, options, progress)
     with Scratch("rlx-amp-verify-") as tmp:
         compared = open_compared(
             ref_model, ref_path.parent, cand_model, cand_path, provider, options.emulate, tmp, cand_label, progress
