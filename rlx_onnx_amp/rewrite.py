@@ -503,7 +503,6 @@ class _Conversion:
         self.report = report
         self.opsets = opset_versions(model)
         self.fresh = FreshNames()
-        self.used_names = self.fresh.taken
         self.casts_inserted = 0
         self.casts_removed = 0  # rule idle-cast
         # What the passes changed in the protobuf, so that each says so honestly (`passes`):
@@ -511,6 +510,11 @@ class _Conversion:
         self.saturated = 0  # f32 sources clamped to the low range (the store pass)
         self.relocated = False  # unconverted weights moved into the sink's file
         self.clamped: dict[str, ClampStats] = {}
+
+    @property
+    def used_names(self) -> set[str]:
+        """Every name a value or node has or will have: the fresh-name generator's."""
+        return self.fresh.taken
 
     @property
     def changed(self) -> bool:
@@ -630,7 +634,6 @@ class DecidePass(Pass[Plan]):
         except _Untyped as e:
             logger.debug("schema typing gave up (%s); running onnx shape inference", e)
             self.cx.fresh = FreshNames(names)
-            self.cx.used_names = self.cx.fresh.taken
             types = infer_types(self.cx.model)
             main = _Scope(graph, "", None, types.get("", {}))
             self.decide_scope(main, types)
@@ -1274,7 +1277,7 @@ class EmitPass(Pass[Plan]):
         auto-mixed output converted again under always-f16) does nothing. Its readers read its
         input instead and it is removed; one that gives a graph output becomes an Identity,
         so the output keeps its name."""
-        to = next((a.i for a in d.node.attribute if a.name == "to"), None)
+        to = attribute_output_type(d.node, "Cast")
         source = d.inputs[0]
         if to is None or not _is_float(to) or scope.storage_type(source) != to:
             return

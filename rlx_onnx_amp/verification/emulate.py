@@ -80,19 +80,20 @@ def _source_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto]]:
                         yield node.output[0], attr.t
 
 
-def _low_constants(candidate: ModelProto) -> dict[str, TensorProto]:
-    """Constant-like values the candidate holds as a low-precision tensor: output name -> tensor."""
-    return {name: t for name, t in _source_tensors(candidate) if t.data_type in LOW_TYPES}
-
-
-def _saturated_sources(candidate: ModelProto, low: dict[str, int]) -> dict[str, TensorProto]:
-    """Constant-like values the candidate holds in f32 whose tensor the converter clamped to a
-    low range (its op could not hold the low type): output name -> the candidate's tensor."""
-    return {
-        name: t
-        for name, t in _source_tensors(candidate)
-        if name not in low and t.data_type == _F32 and t.data_location != TensorProto.EXTERNAL
-    }
+def _constants_held(
+    candidate: ModelProto, low: dict[str, int]
+) -> tuple[dict[str, TensorProto], dict[str, TensorProto]]:
+    """The candidate's Constant-like values, in one walk: those it holds as a low-precision
+    tensor, and those it holds in f32 (inline) whose tensor the converter clamped to a low
+    range because its op could not hold the low type. Each: output name -> the tensor."""
+    low_held: dict[str, TensorProto] = {}
+    saturated: dict[str, TensorProto] = {}
+    for name, t in _source_tensors(candidate):
+        if t.data_type in LOW_TYPES:
+            low_held[name] = t
+        elif name not in low and t.data_type == _F32 and t.data_location != TensorProto.EXTERNAL:
+            saturated[name] = t
+    return low_held, saturated
 
 
 def emulate(
@@ -161,9 +162,9 @@ class _Emulation:
             if candidate_source is not None and computed
             else {}
         )
-        self.held_constants = _low_constants(candidate) if computed else {}
+        low_constants, self.saturated = _constants_held(candidate, self.low)
+        self.held_constants = low_constants if computed else {}
         self.narrowed_reads = _narrowed_reads(candidate, self.low) if computed else {}
-        self.saturated = _saturated_sources(candidate, self.low)
         self.source, self.sink, self.computed = source, sink, computed
         self.fresh = FreshNames(
             n for g in all_graphs(model.graph) for node in g.node for n in (*node.output, node.name)
