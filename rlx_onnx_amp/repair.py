@@ -54,7 +54,7 @@ from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
-from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, VALUE_EXACT_OPS, OpKind, kind_of
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind, copies_values, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, subgraphs
 from rlx_onnx_amp.verification.compare import (
@@ -598,7 +598,8 @@ def _repair(
                 if found["path"] in current.keep or found["path"] in screen.absorbed:
                     continue
                 why = search.report.why_not_keepable(found["path"]) if found["path"] not in keepable else None
-                if why is None and _value_exact(ev.model.graph.node[int(found["path"])]):
+                node = ev.model.graph.node[int(found["path"])]
+                if why is None and copies_values(node.domain, node.op_type):
                     why = "its outputs only hold its inputs' values (VALUE_EXACT_OPS): kept alone it moves the rounding"
                 if why is None:
                     named.append(found)
@@ -640,12 +641,6 @@ def _repair(
     conversion.verify = verified.to_json()
     conversion.repair = result.to_json()
     return conversion, verified, result
-
-
-def _value_exact(node: onnx.NodeProto) -> bool:
-    """Whether the node only copies, rearranges or selects its inputs' values: drift that
-    appears at it is its inputs' rounding, which keeping it alone only moves to its readers."""
-    return node.domain in DEFAULT_DOMAINS and node.op_type in VALUE_EXACT_OPS
 
 
 def _path_key(path: str) -> tuple[int, ...]:

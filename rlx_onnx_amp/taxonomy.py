@@ -25,6 +25,7 @@ __all__ = [
     "VALUE_EXACT_OPS",
     "OpKind",
     "canonical_domain",
+    "copies_values",
     "kind_of",
 ]
 
@@ -559,3 +560,8 @@ VALUE_EXACT_OPS: frozenset[str] = frozenset(
         "Where",
     }
 )
+
+
+def copies_values(domain: str, op_type: str) -> bool:
+    """Whether the op is one of `VALUE_EXACT_OPS` (default domain only)."""
+    return op_type in VALUE_EXACT_OPS and domain in DEFAULT_DOMAINS

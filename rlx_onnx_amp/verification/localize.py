@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
-from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, VALUE_EXACT_OPS
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verification.compare import Compared, Scratch, round_feeds
 from rlx_onnx_amp.verification.metrics import Tolerance
@@ -169,7 +169,7 @@ def localize(
             jump = e["rel_error"] > tol.rtol_of_max and e["rel_error"] >= JUMP * max(in_rel, 1e-6)
             if nonfinite_appears or jump:
                 # A node that only copies values drifts because the candidate rounds its input.
-                copies = node.op_type in VALUE_EXACT_OPS and node.domain in DEFAULT_DOMAINS
+                copies = copies_values(node.domain, node.op_type)
                 reason = "NaN/Inf appears" if nonfinite_appears else "input rounded" if copies else "drift jumps"
                 found.append({**entry, "reason": reason})
                 break
