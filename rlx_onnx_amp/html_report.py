@@ -174,7 +174,7 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
     ]
     note = render.constant_note(v)
     if note:
-        out.append(f"<p><strong>Note</strong>: {_e(note.removeprefix('note: '))}.</p>")
+        out.append(f"<p><strong>Note</strong>: {_e(note)}.</p>")
     out.append(_table([c.header for c in render.DRIFT_COLUMNS], render.drift_rows(v)))
     needed = [t for o in v.outputs if not o.passed and (t := render.required_tolerances(o))]
     if needed:

@@ -278,14 +278,14 @@ def criterion_line(report: Any) -> str:
 
 
 def constant_note(report: Any) -> str | None:
-    """A note when some output of the reference is one value everywhere (random weights that
-    saturate, inputs that mask everything): its pass shows little of the conversion."""
+    """What to note when some output of the reference is one value everywhere (random weights
+    that saturate, inputs that mask everything): its pass shows little of the conversion."""
     constant = report.constant_outputs
     if not constant:
         return None
     shown = ", ".join(f"{name} (every element {value:g})" for name, value in constant.items())
     return (
-        f"note: the reference's output is constant for {shown}: only max_abs <= atol was checked there; "
+        f"the reference's output is constant for {shown}: only max_abs <= atol was checked there; "
         "real inputs (--inputs) or trained weights test more"
     )
 
@@ -305,7 +305,7 @@ def verify_table(report: Any, verbose: bool = False) -> str:
     lines.append(f"criterion: {report.criterion}")
     note = constant_note(report)
     if note:
-        lines.append(note)
+        lines.append(f"note: {note}")
     if verbose or not report.passed:
         needed = [t for o in report.outputs if (verbose or not o.passed) and (t := required_tolerances(o))]
         if needed:
@@ -372,7 +372,7 @@ def verify_markdown(entries: Sequence[tuple[Any, Any]], failed: Sequence[tuple[s
         ]
         note = constant_note(v)
         if note:
-            out += [f"> {note[0].upper()}{note[1:]}.", ""]
+            out += [f"> Note: {note}.", ""]
         out += _md_table([c.header for c in DRIFT_COLUMNS], drift_rows(v))
         needed = [t for o in v.outputs if not o.passed and (t := required_tolerances(o))]
         if needed:
