@@ -5,10 +5,17 @@ Ctrl-C or SIGTERM at any moment ends the run with one line and its own exit code
 never a traceback or click's "Aborted!" with exit 1, the drift code. During those imports the
 signals are held and acted on right after: an exception raised inside a C extension's
 initialization would surface as "ImportError: initialization failed" instead.
+
+A closed stdout (`rlx-amp inspect MODEL | head -1`: BrokenPipeError, Python ignores SIGPIPE)
+ends any command quietly, nothing on stderr, with exit 141: what a shell reports for a tool that
+SIGPIPE killed (`yes | head`), next to 130 and 143 for the other signals; click's own answer, 1,
+is the drift code. Unlike a real SIGPIPE death, the run's cleanup runs first: what was not
+committed is removed, as for SIGTERM.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -16,6 +23,7 @@ from rlx_onnx_amp.errors import Terminated, raise_terminated
 from rlx_onnx_amp.files import signals_deferred
 
 EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE
 NO_ONNXRUNTIME = (
     "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
     "and its CUDA provider)"
@@ -29,13 +37,31 @@ def _stop(message: str, code: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        _main(argv)
+        try:
+            _main(argv)
+        finally:
+            # Text still buffered must fail here, where it is caught, not in the interpreter's
+            # shutdown ("Exception ignored ... BrokenPipeError", exit 120).
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_closed()
     finally:
         # The run is over: its outputs are committed or removed, and its exit code decided. A
         # signal now would find Python's handlers gone while the interpreter shuts down and
         # kill the process (-15) after a complete run: from here on it is ignored.
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, signal.SIG_IGN)
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout is gone: exit quietly, with stdout on devnull so that nothing
+    flushed later raises again (Python's documented recipe, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
+    sys.exit(EXIT_SIGPIPE)
 
 
 def _main(argv: list[str] | None) -> None:
@@ -51,8 +77,16 @@ def _main(argv: list[str] | None) -> None:
                     raise
                 _stop(NO_ONNXRUNTIME, EXIT_USAGE)
 
+        stdout = sys.stdout
         try:
             command.main(args=argv, prog_name="rlx-amp", standalone_mode=False)
+        except SystemExit:
+            # click answers a write to a closed stdout (EPIPE, let through by cli._run_guarded)
+            # with exit 1, the drift code, after putting a wrapper that hides later failures in
+            # sys.stdout's place: that swap is the sign.
+            if sys.stdout is not stdout:
+                _stdout_closed()
+            raise
         except click.exceptions.Exit as e:  # --help, --version
             sys.exit(e.exit_code)
         except click.ClickException as e:  # usage errors: one short line naming the option

@@ -97,6 +97,8 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
         _fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
     except Terminated:
         _fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
+    except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
+        raise
     except Exception as e:
         invalid = _invalid_input(inputs)
         if invalid is not None:

@@ -2,13 +2,20 @@
 
 Synthesis rules (README "Verification inputs"):
 - symbolic dimensions come from `--shape NAME:1x128`; otherwise the first axis gets 1 and every
-  other symbolic axis gets `DEFAULT_DIM`;
+  other symbolic axis gets `DEFAULT_DIM`. A `dim_value` below 0 (Paddle writes -1) is symbolic,
+  as onnxruntime reads it; a `dim_value` of 0 is a fixed, empty axis (onnxruntime runs such an
+  input only on empty tensors), so nothing else fits it;
+- no synthesized tensor may exceed `MAX_SYNTHESIZED_BYTES` (2 GiB, in the input's own type), checked
+  for every input before any is allocated: a typo in `--shape` or a model declaring a huge fixed
+  shape is an input error, not a MemoryError;
 - float inputs are uniform in [-1, 1], or in the `--input-range NAME:LO,HI`;
 - integer inputs that index an embedding table (a Gather whose data is an initializer, reached
   through Cast/Reshape/Unsqueeze/...) get token ids below the table size; inputs whose name says
   "mask" get {0, 1}; integer scalars (sample rates, lengths) must come from --input-range or a
   file; other integer inputs get values in [0, 2);
 - bool inputs are random {False, True}.
+
+Range bounds must be finite, within float32's range and, for an integer input, within its type's.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
 
 __all__ = [
     "DEFAULT_DIM",
+    "MAX_SYNTHESIZED_BYTES",
     "InputSpec",
     "check_feeds",
     "load_inputs",
@@ -47,10 +55,20 @@ __all__ = [
 
 DEFAULT_SEED = 0
 
+#: The largest synthesized input tensor, in bytes of its own element type. Synthesis briefly holds
+#: about three times this (numpy draws float64, then casts), and onnxruntime more to run it; far
+#: beyond any real input (a 4K RGB f32 image is 100 MB), so past it the shape is a mistake.
+MAX_SYNTHESIZED_BYTES = 2**31
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
 # Ops that pass integer ids through unchanged in value, on the way to a Gather.
 _ID_PASSTHROUGH = frozenset(
     {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Slice", "Transpose"}
 )
+
+
+Shape = tuple[int, ...]
 
 
 @dataclass
@@ -64,11 +82,16 @@ class InputSpec:
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """`NAME:1x128` -> (NAME, (1, 128))."""
+    """`NAME:1x128` -> (NAME, (1, 128)); each size at most 2**63-1, as ONNX stores it (the cost
+    model's shape inference takes it, a larger one would fail in protobuf)."""
     name, sep, dims = text.rpartition(":")
-    if not sep or not name or not re.fullmatch(r"\d+(x\d+)*", dims):
+    # 19 digits at most: int() of a longer string can raise (Python's 4300-digit limit)
+    if not sep or not name or not re.fullmatch(r"\d{1,19}(x\d{1,19})*", dims):
         raise InputError(f"--shape: expected NAME:1x128, got {text!r}")
-    return name, tuple(int(d) for d in dims.split("x"))
+    shape = tuple(int(d) for d in dims.split("x"))
+    if max(shape) >= 2**63:
+        raise InputError(f"--shape: size {max(shape)} of {name!r} is over 2**63-1, got {text!r}")
+    return name, shape
 
 
 def parse_range(text: str) -> tuple[str, tuple[float, float]]:
@@ -80,8 +103,11 @@ def parse_range(text: str) -> tuple[str, tuple[float, float]]:
         raise InputError(f"--input-range: expected NAME:LO,HI, got {text!r}") from None
     if not sep or not name or not lo < hi:
         raise InputError(f"--input-range: expected NAME:LO,HI with LO < HI, got {text!r}")
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo > np.finfo(np.float64).max:
-        raise InputError(f"--input-range: bounds must be finite numbers, got {text!r}")
+    # Float inputs are drawn as float32: a bound past its range would synthesize inf.
+    if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > _F32_MAX:
+        raise InputError(
+            f"--input-range: bounds must be finite numbers within float32's range (about ±3.4e38), got {text!r}"
+        )
     return name, (lo, hi)
 
 
@@ -167,12 +193,8 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
             )
     vocab = _vocab_sizes(model)
     feeds: dict[str, np.ndarray] = {}
-    for vi in _graph_inputs(model):
-        if not vi.type.HasField("tensor_type"):
-            raise InputError(f"input {vi.name!r} is not a tensor; give --inputs FILE")
+    for vi, dtype, shape in _checked_shapes(model, spec):
         elem = vi.type.tensor_type.elem_type
-        dtype = helper.tensor_dtype_to_np_dtype(elem)
-        shape = _shape(vi, spec)
         if vi.name in spec.ranges:
             lo, hi = spec.ranges[vi.name]
         elif elem in FLOAT_TYPES or elem == TensorProto.DOUBLE:
@@ -189,6 +211,8 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
             )
         else:
             lo, hi = 0, 2
+        if vi.name in spec.ranges:
+            _check_range_fits(vi.name, dtype, lo, hi)
         if np.issubdtype(dtype, np.floating) or elem in FLOAT_TYPES:
             feeds[vi.name] = rng.uniform(lo, hi, shape).astype(np.float32).astype(dtype)
         elif dtype == np.bool_:
@@ -196,6 +220,54 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
         else:
             feeds[vi.name] = rng.integers(int(lo), max(int(hi), int(lo) + 1), shape).astype(dtype)
     return feeds
+
+
+def _check_range_fits(name: str, dtype: np.dtype, lo: float, hi: float) -> None:
+    """InputError for an --input-range whose values the input's type cannot hold: integers past
+    its bounds (numpy would raise, or wrap them), floats past a float16's (they would be inf)."""
+    if dtype.kind in "iu":
+        # what synthesize draws: integers from int(lo) to max(int(hi), int(lo) + 1) - 1, as int64
+        first, last = int(lo), max(int(hi), int(lo) + 1) - 1
+        info, int64 = np.iinfo(dtype), np.iinfo(np.int64)
+        if not max(info.min, int64.min) <= first <= last <= min(info.max, int64.max):
+            raise InputError(
+                f"--input-range {name}:{lo:g},{hi:g}: integers from {first} to {last} do not fit "
+                f"the input's {dtype} ({info.min} to {info.max})"
+            )
+    elif dtype.kind == "f" or dtype.name.startswith(("bfloat", "float")):
+        with np.errstate(over="ignore"):
+            if not np.isfinite(np.array([lo, hi], np.float32).astype(dtype).astype(np.float32)).all():
+                raise InputError(f"--input-range {name}:{lo:g},{hi:g}: the bounds overflow the input's {dtype}")
+
+
+def _checked_shapes(model: onnx.ModelProto, spec: InputSpec) -> list[tuple[onnx.ValueInfoProto, np.dtype, Shape]]:
+    """(input, dtype, shape) of every graph input to synthesize; InputError, before anything is
+    allocated, for one that is no tensor or whose tensor would exceed `MAX_SYNTHESIZED_BYTES`."""
+    planned = []
+    for vi in _graph_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input {vi.name!r} is not a tensor; give --inputs FILE")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        shape = _shape(vi, spec)
+        size = math.prod(shape) * dtype.itemsize  # Python ints: no overflow however large the shape
+        if size > MAX_SYNTHESIZED_BYTES:
+            raise InputError(
+                f"input {vi.name!r}: a synthesized {'x'.join(map(str, shape))} {dtype} tensor would take "
+                f"{_bytes(size)}, over the {_bytes(MAX_SYNTHESIZED_BYTES)} limit for synthesized inputs; "
+                f"give smaller sizes with --shape {vi.name}:..., or real inputs with --inputs FILE"
+            )
+        planned.append((vi, dtype, shape))
+    return planned
+
+
+def _bytes(n: int) -> str:
+    """2**31 -> '2 GiB'; 4e13 -> '36.4 TiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            return f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} EiB"
 
 
 def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
@@ -338,11 +410,14 @@ def check_feeds(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarra
                         f"the model takes rank {len(dims)}"
                     )
                 for axis, (d, n) in enumerate(zip(dims, value.shape)):
-                    if d.HasField("dim_value") and d.dim_value != n:
+                    # A negative dim_value (Paddle's -1) is symbolic, as onnxruntime reads it.
+                    if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != n:
+                        # 0 is no "unknown" to onnxruntime: it runs such an input only on empty tensors
+                        empty = "; onnxruntime takes no other size there (a symbolic axis is a dim_param)"
                         raise InputError(
                             f"{source}: input {vi.name!r}: dimension {axis} is {n}, "
                             f"the model fixes it to {d.dim_value} "
-                            f"(got shape {list(value.shape)})"
+                            f"(got shape {list(value.shape)}){empty if d.dim_value == 0 else ''}"
                         )
 
 
