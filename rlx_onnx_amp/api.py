@@ -19,6 +19,7 @@ from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writa
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.taxonomy import OpKind
@@ -72,6 +73,7 @@ def make_options(
     shapes: Mapping[str, Sequence[int]] | None = None,
     cost: bool = True,
     check_contracts: bool = False,
+    value_ranges: Mapping[str, ValueRange] | None = None,
 ) -> ConvertOptions:
     import re
 
@@ -94,6 +96,7 @@ def make_options(
         {name: tuple(dims) for name, dims in (shapes or {}).items()},
         cost,
         check_contracts,
+        dict(value_ranges or {}),
     )
 
 
@@ -181,7 +184,8 @@ def convert(
 
     `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes,
     keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu"),
-    shapes (concrete input shapes for the cost model, name -> dims), cost (False: no cost model).
+    shapes (concrete input shapes for the cost model, name -> dims), cost (False: no cost model),
+    value_ranges (value name -> `ranges.ValueRange` from a reference run: rule range-screen).
     """
     resolved = resolve_policy(policy, kind_map)
     opts = _options(options, option_kwargs)

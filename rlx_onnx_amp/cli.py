@@ -13,6 +13,7 @@ paths it reads before work starts, and all outputs are committed together at the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import io
 import json
@@ -52,10 +53,15 @@ from rlx_onnx_amp.merge import merge_reports, merged_markdown, worst_exit_code
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, compare, resolve_provider, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
+from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
+#: Converted and written, but not verified: the reference could not run on the inputs a default
+#: verification uses (guessed axes, an op onnxruntime lacks). With --verify it is an error.
+EXIT_UNVERIFIED = 4
 EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
@@ -359,10 +365,18 @@ def main() -> None:
     help="Write one self-contained HTML page: plots of the drift, the conversion and the repair.",
 )
 @click.option(
-    "--verify",
+    "--verify/--no-verify",
     "do_verify",
-    is_flag=True,
-    help="Verify each output against its input model (drift report, exit 1 on drift).",
+    default=None,
+    help="Verify each output against its input model (drift report, exit 1 on drift). Default: verify, and "
+    "write an unverified model with exit 4 when the reference cannot run; --verify makes that an error; "
+    "--no-verify measures nothing.",
+)
+@click.option(
+    "--screen/--no-screen",
+    default=True,
+    show_default=True,
+    help="Keep in f32 the nodes whose values pass the low type's range on the reference run (rule range-screen).",
 )
 @click.option(
     "--repair",
@@ -399,7 +413,8 @@ def convert_cmd(
     report_json: str | None,
     report_md: str | None,
     report_html: str | None,
-    do_verify: bool,
+    do_verify: bool | None,
+    screen: bool,
     do_repair: bool,
     repair_budget: int,
     jobs: int,
@@ -413,11 +428,12 @@ def convert_cmd(
 
     def run() -> int:
         _refuse_idle_options(ctx, do_verify, do_repair)
+        verifying = do_verify is not False or do_repair
         resolved = _policy(policy, map_text, map_file)
         shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
         shown = not quiet or bool(report_json or report_md or report_html)  # the cost model costs a shape inference
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
-        verify_options = _make_verify_options(**verify_kwargs) if do_verify or do_repair else None
+        verify_options = _make_verify_options(**verify_kwargs) if verifying else None
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
         targets = _output_paths(models, output, out_dir)
@@ -430,6 +446,9 @@ def convert_cmd(
         _plan_reports(paths, report_json, report_md, verify_options, map_file, report_html)
         paths.check()
         job = _ConvertJob(resolved, options, verify_options, do_repair, repair_budget, data_name, quiet, verbose, paths)
+        job.screen, job.verify_required = screen and not do_repair, bool(do_verify)
+        if not verifying and not quiet:
+            click.echo("rlx-amp: note: --no-verify: nothing was measured; the output's drift is unknown", err=True)
         batch = len(models) > 1
         if jobs < 0:
             raise InputError("--jobs must be 0 (one per CPU) or more")
@@ -472,13 +491,19 @@ _VERIFY_ONLY = {
 }
 
 
-def _refuse_idle_options(ctx: click.Context, do_verify: bool, do_repair: bool) -> None:
+def _refuse_idle_options(ctx: click.Context, do_verify: bool | None, do_repair: bool) -> None:
     """Options that would do nothing are an error, never silently ignored."""
     given = [
         flag for name, flag in _VERIFY_ONLY.items() if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
     ]
-    if given and not (do_verify or do_repair):
-        raise InputError(f"{given[0]} needs --verify or --repair")
+    if do_verify is False and do_repair:
+        raise InputError("--no-verify and --repair: repair verifies every candidate")
+    if given and do_verify is False:
+        raise InputError(f"{given[0]} does nothing with --no-verify")
+    if ctx.get_parameter_source("screen") is not ParameterSource.DEFAULT and (do_verify is False or do_repair):
+        raise InputError(
+            "--screen/--no-screen needs the reference run: not with --no-verify, and --repair screens on its own"
+        )
     if ctx.get_parameter_source("repair_budget") is not ParameterSource.DEFAULT and not do_repair:
         raise InputError("--repair-budget needs --repair")
 
@@ -502,6 +527,8 @@ class _ConvertJob:
         self.policy, self.options, self.verify_options = policy, options, verify_options
         self.repair, self.budget, self.data_name = repair, budget, data_name
         self.quiet, self.verbose, self.paths = quiet, verbose, paths
+        self.screen = True  # rule range-screen from the reference run (not with --repair: it screens itself)
+        self.verify_required = False  # --verify: a reference that cannot run is an error, not exit 4
         self.reports: list[ConversionReport] = []
         self.verified: list[tuple[ConversionReport, VerifyReport]] = []
         self.failed: list[tuple[str, str, int]] = []  # (model, error, exit code)
@@ -530,6 +557,10 @@ class _ConvertJob:
                 click.echo(render.repair_summary(repaired))
             self._show(result)
             return
+        reference, unverified = self._reference(src)
+        options = self.options
+        if reference is not None and reference.value_ranges:
+            options = dataclasses.replace(options, value_ranges=reference.value_ranges)
         with _Progress(f"converting {Path(src).name}", enabled=not self.quiet) as progress:
             staged = stage_conversion(
                 src,
@@ -537,7 +568,7 @@ class _ConvertJob:
                 outputs,
                 self.paths,
                 self.policy,
-                options=self.options,
+                options=options,
                 data_name=self.data_name,
                 progress=progress,
             )
@@ -546,7 +577,7 @@ class _ConvertJob:
         if not self.quiet:
             click.echo(render.conversion_table(report))
             self._hint(report)
-        if self.verify_options is not None:
+        if reference is not None:
             _status(f"verifying {dst} against {src} ...", enabled=not self.quiet)
             with _StagedProgress(enabled=not self.quiet) as verify_progress:
                 result = verify(
@@ -556,11 +587,28 @@ class _ConvertJob:
                     progress=verify_progress,
                     candidate_label=str(dst),
                     outputs=outputs,
+                    prepared=reference,
                 )
             report.verify = result.to_json()
             self.verified.append((report, result))
             self._show(result)
+        elif unverified is not None:
+            report.unverified = unverified  # exit 4 (`exit_code`)
+            _warn(f"{dst}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
         self.reports.append(report)
+
+    def _reference(self, src: str) -> tuple[Reference | None, str | None]:
+        """The reference's one run (screened unless --no-screen), or why there is none: with
+        verification by default a reference that cannot run leaves the model unverified."""
+        if self.verify_options is None:
+            return None, None
+        with _StagedProgress(enabled=not self.quiet) as progress:
+            try:
+                return prepare_reference(src, self.verify_options, screen=self.screen, progress=progress), None
+            except ReferenceUnavailable as e:
+                if self.verify_required:
+                    raise e.error from None
+                return None, str(e)
 
     def convert_own(self, src: str, dst: str) -> None:
         """One model of a batch: committed on its own; a failure is reported and the rest go on."""
@@ -614,6 +662,7 @@ class _ConvertJob:
 
     def exit_code(self) -> int:
         codes = [EXIT_DRIFT if not v.passed else EXIT_OK for _, v in self.verified] + [c for _, _, c in self.failed]
+        codes += [EXIT_UNVERIFIED for r in self.reports if r.unverified is not None]
         return worst_exit_code(codes)  # a batch exits with the worst of its models
 
     def json(self, batch: bool) -> dict[str, Any]:
@@ -643,10 +692,14 @@ class _ConvertJob:
         if not batch:
             return
         bad = [v.candidate for _, v in self.verified if not v.passed] + [m for m, _, _ in self.failed]
+        unverified = [r.output for r in self.reports if r.unverified is not None]
         total = len(self.reports) + len(self.failed)
-        if bad or not self.quiet:
+        if bad or unverified or not self.quiet:
             word = "passed" if self.verify_options is not None else "converted"
-            click.echo(f"{total - len(bad)} of {total} models {word}" + (f"; failed: {', '.join(bad)}" if bad else ""))
+            line = f"{total - len(bad) - len(unverified)} of {total} models {word}"
+            line += f"; failed: {', '.join(bad)}" if bad else ""
+            line += f"; not verified: {', '.join(unverified)}" if unverified else ""
+            click.echo(line)
 
 
 @dataclass
@@ -996,6 +1049,14 @@ def demo_cmd(path: str) -> None:
     is_flag=True,
     help="Every preset side by side (and --map's custom policy): low share of MACs and weights, Casts, kept nodes.",
 )
+@click.option(
+    "--screen",
+    is_flag=True,
+    help="Run the reference once on synthesized inputs (--shape, --input-range) or --inputs and show what "
+    "rule range-screen would keep, as the plain convert command does.",
+)
+@click.option("--inputs", "inputs_path", metavar="FILE.npz|DIR", help="With --screen: the inputs to run.")
+@click.option("--input-range", "ranges", multiple=True, metavar="NAME:LO,HI", help="With --screen: an input's range.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-kind and per-op counts as JSON.")
 def inspect_cmd(
     model: str,
@@ -1007,6 +1068,9 @@ def inspect_cmd(
     keep_f32_node: Sequence[str],
     shapes: Sequence[str],
     compare_policies: bool,
+    screen: bool,
+    inputs_path: str | None,
+    ranges: Sequence[str],
     as_json: bool,
 ) -> None:
     """Show per kind and per op type the node counts and the precision each would get, and for
@@ -1017,6 +1081,16 @@ def inspect_cmd(
         options = make_options(
             True, keep_f32_op, keep_f32_node, target=target, shapes=dict(parse_shape(t) for t in shapes)
         )
+        if (inputs_path or ranges) and not screen:
+            raise InputError(f"{'--inputs' if inputs_path else '--input-range'} needs --screen")
+        if screen:
+            spec = InputSpec(dict(options.shapes), dict(parse_range(r) for r in ranges))
+            if inputs_path is not None and not os.path.exists(inputs_path):
+                raise InputError(f"--inputs: {inputs_path}: no such file or directory")
+            screen_options = VerifyOptions(provider="cpu", inputs=inputs_path, spec=spec)
+            reference = prepare_reference(model, screen_options, screen=True)
+            options = dataclasses.replace(options, value_ranges=reference.value_ranges)
+        source = WeightSource(Path(model).parent, model)
         if compare_policies:
             if ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT and policy != "custom":
                 raise InputError("--compare-policies compares every preset; --policy chooses one (drop it)")
@@ -1024,12 +1098,12 @@ def inspect_cmd(
             if map_text or map_file:
                 policies.append(_policy("custom", map_text, map_file))
             loaded = load_model(model)
-            rows = [inspect_model(loaded, p, options, model_name=model) for p in policies]
+            rows = [inspect_model(loaded, p, options, model_name=model, source=source) for p in policies]
             click.echo(json.dumps(rows, indent=2) if as_json else render.compare_policies_table(rows))
             return EXIT_OK
         resolved = _policy(policy, map_text, map_file)
         loaded = load_model(model)
-        summary = inspect_model(loaded, resolved, options, model_name=model)
+        summary = inspect_model(loaded, resolved, options, model_name=model, source=source)
         click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
         return EXIT_OK
 

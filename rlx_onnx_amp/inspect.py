@@ -9,17 +9,25 @@ from onnx import ModelProto
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
+from rlx_onnx_amp.tensors import WeightSource
 
 __all__ = ["inspect_model"]
 
 
-def inspect_model(model: ModelProto, policy: Policy, options: ConvertOptions, model_name: str = "") -> dict[str, Any]:
+def inspect_model(
+    model: ModelProto,
+    policy: Policy,
+    options: ConvertOptions,
+    model_name: str = "",
+    source: WeightSource | None = None,
+) -> dict[str, Any]:
     """Per kind and per op type: node counts and the precision each would get; per rule of
-    the rewrite's list, how many nodes it kept from the policy's precision."""
+    the rewrite's list, how many nodes it kept from the policy's precision. `source` reads
+    the weights (external data beside the model) that rule weight-range looks at."""
     work = ModelProto()
     work.CopyFrom(model)
     report = ConversionReport(model=model_name)
-    convert_model(work, policy, options, report=report, weights=False)
+    convert_model(work, policy, options, source=source, report=report, weights=False)
     return {
         "model": model_name,
         "policy": policy.to_json(),

@@ -45,16 +45,16 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
 from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
+from rlx_onnx_amp.ranges import ZERO_SINGULAR_INPUTS
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
-from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind, copies_values, kind_of
+from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, subgraphs
 from rlx_onnx_amp.verification.compare import (
@@ -62,18 +62,17 @@ from rlx_onnx_amp.verification.compare import (
     Scratch,
     VerifyOptions,
     compare_outputs,
-    input_sets,
     open_compared,
     pair_runs,
-    resolve_provider,
     run_each,
-    run_reference,
     tolerance_for,
 )
-from rlx_onnx_amp.verification.core import VerifyReport, check_output_names, verify
+from rlx_onnx_amp.verification.core import VerifyReport, verify
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.localize import expose_outputs, localize
 from rlx_onnx_amp.verification.metrics import Tolerance
+from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.screen import expose_body_values
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key", "magnitude_screen", "repair_file"]
 
@@ -81,15 +80,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 24
 _FLOAT = onnx.TensorProto.FLOAT
-
-#: Inputs at which a zero is singular: a value that flushes to zero there becomes Inf or NaN.
-ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
-    "Div": (1,),
-    "Reciprocal": (0,),
-    "Log": (0,),
-    "Sqrt": (0,),
-    "Pow": (0,),
-}
 
 #: A tensor whose non-zero values flush to zero at least this often is an underflow region.
 MOSTLY_FLUSHED = 0.5
@@ -185,7 +175,7 @@ def magnitude_screen(
     info = PRECISIONS[precision]
     model, _ = emulate(model, candidate, computed=False)
     types = model_types(model)
-    exposed, surfaced = _expose_body_values(model, types)
+    exposed, surfaced = expose_body_values(model, types)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
     try:
@@ -310,84 +300,6 @@ def _scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.GraphProto]]:
     return found
 
 
-def _expose_body_values(
-    model: onnx.ModelProto, types: Mapping[str, Mapping[str, int]]
-) -> tuple[onnx.ModelProto, list[tuple[str, str, str]]]:
-    """A copy of `model` whose If/Loop/Scan nodes (at any depth) surface every f32 value of
-    their bodies as extra outputs; (main-graph output name, body scope, value name) for each."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out, _BodySurfacer(types).surface(out.graph, "")
-
-
-class _BodySurfacer:
-    """Adds body values as outputs of their control-flow nodes, level by level (see
-    `_expose_body_values`)."""
-
-    def __init__(self, types: Mapping[str, Mapping[str, int]]) -> None:
-        self.types = types
-        self.counter = iter(range(1 << 30))
-
-    def fresh(self) -> str:
-        return f"__rlx_screen_{next(self.counter)}"
-
-    def add_output(self, body: onnx.GraphProto, value: str) -> None:
-        if value in {o.name for o in body.output}:  # a graph output already: a copy under a new name
-            copy = self.fresh()
-            body.node.append(helper.make_node("Identity", [value], [copy]))
-            value = copy
-        body.output.append(helper.make_tensor_value_info(value, onnx.TensorProto.FLOAT, None))
-
-    def surface(self, graph: onnx.GraphProto, scope: str) -> list[tuple[str, str, str]]:
-        """Values of the bodies below `graph` that are now outputs of its nodes."""
-        found: list[tuple[str, str, str]] = []
-        for i, node in enumerate(graph.node):
-            bodies = subgraphs(node)
-            if not bodies or node.domain not in DEFAULT_DOMAINS or node.op_type not in ("If", "Loop", "Scan"):
-                continue
-            per_body = []
-            for key, body in bodies:
-                bscope = f"{scope}{i}/{key}/"
-                own = [o for n in body.node for o in n.output if o and self.types.get(bscope, {}).get(o) == _FLOAT]
-                per_body.append((body, [(value, bscope, value) for value in own] + self.surface(body, bscope)))
-            items = self._surface_if(per_body) if node.op_type == "If" else self._surface_loop(node, per_body)
-            for item in items:
-                name = self.fresh()
-                node.output.append(name)
-                found.append((name, item[1], item[2]))
-        return found
-
-    def _surface_if(
-        self, per_body: list[tuple[onnx.GraphProto, list[tuple[str, str, str]]]]
-    ) -> list[tuple[str, str, str]]:
-        """Both branches give every item; the branch not taken gives an empty tensor."""
-        all_items = [item for _, items in per_body for item in items]
-        for body, items in per_body:
-            mine = {id(item) for item in items}
-            for item in all_items:
-                if id(item) in mine:
-                    self.add_output(body, item[0])
-                    continue
-                empty = self.fresh()
-                value = helper.make_tensor(empty, _FLOAT, [0], [])
-                body.node.append(helper.make_node("Constant", [], [empty], value=value))
-                body.output.append(helper.make_tensor_value_info(empty, _FLOAT, None))
-        return all_items
-
-    def _surface_loop(
-        self, node: onnx.NodeProto, per_body: list[tuple[onnx.GraphProto, list[tuple[str, str, str]]]]
-    ) -> list[tuple[str, str, str]]:
-        """A Loop's or Scan's body values, stacked over iterations as scan outputs."""
-        ((body, items),) = per_body
-        for item in items:
-            self.add_output(body, item[0])
-        if node.op_type == "Scan" and items:
-            for attr in node.attribute:
-                if attr.name in ("scan_output_axes", "scan_output_directions"):
-                    attr.ints.extend([0] * len(items))
-        return items
-
-
 class _Evaluator:
     """Converts the reference with a set of kept node paths and measures the drift against
     reference outputs computed once."""
@@ -400,13 +312,13 @@ class _Evaluator:
         self.options = options
         self.verify_options = verify_options
         self.tmp = tmp
+        try:
+            reference = prepare_reference(ref_path, verify_options)
+        except ReferenceUnavailable as e:
+            raise e.error from None
         self.model = load_model(ref_path, load_external_data=True)
-        self.provider = resolve_provider(verify_options.provider)
-        self.samples = input_sets(self.model, verify_options)
-        check_output_names(verify_options, self.model, ref_path)
-        self.output_names, _, self.reference = run_reference(
-            ref_path, self.model, self.provider, self.samples, verify_options
-        )
+        self.provider, self.samples = reference.provider, reference.samples
+        self.output_names, self.reference = reference.output_names, reference.runs
         self.evaluations = 0
         self.compared: Compared | None = None
         self.candidate: onnx.ModelProto | None = None

@@ -32,6 +32,9 @@ REASON_CODES: dict[str, str] = {
     "schema-admits": "a type variable of its schema does not admit the low type",
     "kernel-table": "the target provider has no kernel for the op in the low type",
     "nothing-to-lower": "none of its type variables holds f32 values (integers, bool, or values already low)",
+    "dequantize-arithmetic": "dequantizes an integer accumulator (MatMulInteger/ConvInteger) or a run-time scale",
+    "weight-range": "reads a weight past the low type's range that is no mask sentinel (clamping would rescale it)",
+    "range-screen": "on the reference inputs, it makes or reads values the low type cannot hold",
 }
 
 
@@ -84,6 +87,8 @@ class ConversionReport:
     cost: Cost | None = None  # what the conversion buys (`rlx_onnx_amp.cost`)
     verify: dict[str, Any] | None = None
     repair: dict[str, Any] | None = None
+    #: Why a conversion that verifies by default was written unverified (exit 4), or None.
+    unverified: str | None = None
 
     def count_node(self, kind: OpKind | None, op: str, precision: str | None, count: int = 1) -> None:
         key = precision or "none"
@@ -118,6 +123,8 @@ class ConversionReport:
             data["cost"] = self.cost.to_json()
         if self.verify is not None:
             data["verify"] = self.verify
+        if self.unverified is not None:
+            data["unverified"] = self.unverified
         if self.repair is not None:
             data["repair"] = self.repair
         return data

@@ -50,6 +50,7 @@ from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.passes import Pass, PassResult, run_passes
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, PRECISIONS, Precision, precision_of_elem_type
+from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, ZERO_SINGULAR_INPUTS, NumericFacts, ValueRange
 from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, TypeGroup, signature
 from rlx_onnx_amp.taxonomy import (
@@ -140,6 +141,9 @@ class ConvertOptions:
     #: and a second conversion of it that must change nothing, among others. For tests and
     #: for a model that looks mis-converted; a broken promise raises PassContractError.
     check_contracts: bool = False
+    #: Value name -> what one f32 reference run saw of it (the range screen,
+    #: `verification.screen`): rule range-screen keeps the nodes whose values pass the range.
+    value_ranges: Mapping[str, ValueRange] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -405,6 +409,70 @@ def _nothing_to_lower(cv: DecidePass, f: _NodeFacts) -> str | None:
     return None if cv.lowering(f).lowers else "nothing to lower"
 
 
+def _dequantize_arithmetic(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """It dequantizes an integer accumulator or a run-time scale, or makes what DynamicQuantizeLinear quantizes."""
+    # MatMulInteger's and ConvInteger's int32 sums of 8-bit products reach 1e5 and more: the f32
+    # arithmetic around a dynamically quantized op belongs to the quantized region, as QDQ's
+    # does (rule qdq-region); a value rounded to f16 before DynamicQuantizeLinear lands in
+    # other quantization bins.
+    assert f.scope is not None
+    quantized = cv.cx.numeric.quantized_at_run_time
+    for name in f.outs:
+        if name in quantized:
+            return f"dequantize: makes {name!r}, which DynamicQuantizeLinear quantizes (rounding it moves the bins)"
+    for name in f.ins:
+        owner = f.scope.owner(name) if name else None
+        producer = owner.producer.get(name) if owner is not None else None
+        if producer is None or producer.domain not in DEFAULT_DOMAINS:
+            continue
+        if producer.op in RUNTIME_SCALES and producer.outputs.index(name) == RUNTIME_SCALES[producer.op]:
+            return f"dequantize: reads {producer.op}'s run-time scale {name!r}"
+        if producer.op == "Cast" and producer.inputs and producer.inputs[0]:
+            inner = owner.producer.get(producer.inputs[0]) if owner is not None else None
+            if inner is not None and (canonical_domain(inner.domain), inner.op) in INTEGER_ACCUMULATORS:
+                return f"dequantize: reads the f32 Cast of {inner.op}'s integer accumulator {producer.inputs[0]!r}"
+    return None
+
+
+def _weight_range(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """It reads a weight past its precision's range that is no mask sentinel (`ranges.NumericFacts.is_sentinel`)."""
+    # Clamping a 1e7 running variance to 65504 would rescale what the node computes; clamping an
+    # additive -1e9 attention mask changes nothing a Softmax gives.
+    assert f.target is not None
+    numeric = cv.cx.numeric
+    for name in f.ins:
+        worst = numeric.past_range(name, f.target) if name else None
+        if worst is not None and not numeric.is_sentinel(name, f.target):
+            return f"weight: {name!r} holds {worst:.4g}, past {f.target.value}'s {f.target.info.max_finite:g}"
+    return None
+
+
+def _range_screen(cv: DecidePass, f: _NodeFacts) -> str | None:
+    """On the reference run it makes or reads values past its precision's range, or flushing where zero is singular."""
+    # `ConvertOptions.value_ranges`, from one f32 run (`verification.reference`); values computed
+    # from a clamped mask sentinel are not screened: the candidate holds them clamped.
+    assert f.target is not None
+    ranges, numeric, target = cv.cx.options.value_ranges, cv.cx.numeric, f.target
+    singular = ZERO_SINGULAR_INPUTS.get(f.op, ()) if f.domain in DEFAULT_DOMAINS else ()
+    for k, name in enumerate(f.ins):
+        seen = ranges.get(name) if name else None
+        if seen is None or numeric.tainted(name, target):
+            continue
+        if seen.overflows(target):
+            return f"screen: reads {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
+        if k in singular and seen.flushes(target):
+            return f"screen: reads {name!r} where zero is singular, and its values flush to zero in {target.value}"
+    for name in f.outs:
+        seen = ranges.get(name) if name else None
+        if seen is None or numeric.tainted(name, target):
+            continue
+        if seen.overflows(target):
+            return f"screen: makes {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
+        if name in cv.singular_reads and seen.flushes(target):
+            return f"screen: makes {name!r}, read where zero is singular; its values flush to zero in {target.value}"
+    return None
+
+
 #: Every reason a node does not simply run at its kind's precision, in precedence order: the
 #: first that fires decides, and a node none of them stops is lowered. This order is the only
 #: place precedence is decided (docs/design.md, "Keep rules").
@@ -423,6 +491,10 @@ KEEP_RULES: tuple[KeepRule, ...] = (
     KeepRule("schema-admits", _schema_admits),
     KeepRule("kernel-table", _kernel_table),
     KeepRule("nothing-to-lower", _nothing_to_lower, Effect.KEEPS_SILENTLY),
+    # What the values say, for nodes the rules above lower: the node's inputs and producers.
+    KeepRule("dequantize-arithmetic", _dequantize_arithmetic, per_node=True),
+    KeepRule("weight-range", _weight_range, per_node=True),
+    KeepRule("range-screen", _range_screen, per_node=True),
 )
 RULES_BY_CODE = {r.code: r for r in KEEP_RULES}
 _RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
@@ -510,6 +582,7 @@ class _Conversion:
         self.saturated = 0  # f32 sources clamped to the low range (the store pass)
         self.relocated = False  # unconverted weights moved into the sink's file
         self.clamped: dict[str, ClampStats] = {}
+        self.numeric = NumericFacts(model, source, options.value_ranges)
 
     @property
     def used_names(self) -> set[str]:
@@ -579,7 +652,18 @@ class DecidePass(Pass[Plan]):
         self.cx = conversion
         options, policy = conversion.options, conversion.policy
         self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]
-        self.user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
+        user_keeps = bool(options.keep_f32_paths or options.keep_f32_ops or self.keep_node_patterns)
+        numeric = conversion.numeric
+        # The per-node rules that can fire on this model: the others cost nothing per node.
+        active = {
+            "user-keep": user_keeps,
+            "dequantize-arithmetic": numeric.has_accumulators,
+            "weight-range": True,
+            "range-screen": bool(options.value_ranges),
+        }
+        self.node_rules = tuple(r for r in _PER_NODE_RULES if active[r.code])
+        #: Values read where zero is singular (a divisor, a square root's input): rule range-screen.
+        self.singular_reads = _singular_reads(conversion.model) if options.value_ranges else frozenset()
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self._lowerings: dict[tuple[object, ...], _Lowering] = {}
         self._templates: dict[tuple[object, ...], _Template] = {}
@@ -674,7 +758,7 @@ class DecidePass(Pass[Plan]):
             template = templates.get(key) if templated and not children else None
             decision = None
             if template is not None:
-                decision = self._from_template(template, path, node, op, domain, ins, outs, orig)
+                decision = self._from_template(template, path, node, op, domain, ins, outs, scope)
             if decision is None:
                 decision = self._decide(
                     node,
@@ -733,10 +817,11 @@ class DecidePass(Pass[Plan]):
         domain: str,
         ins: list[str],
         outs: list[str],
-        orig: dict[str, int],
+        scope: _Scope,
     ) -> NodeDecision | None:
         """The template's decision for this node, its outputs typed; None when a declared
         output type disagrees with the template (the node is then decided alone)."""
+        orig = scope.orig
         for name, elem in zip(outs, template.output_types):
             if name:
                 have = orig.get(name)
@@ -744,10 +829,18 @@ class DecidePass(Pass[Plan]):
                     orig[name] = elem  # type: ignore[assignment]  # templates type every named output
                 elif have != elem:
                     return None
-        return self._decision(template.outcome, path, node, op, domain, ins, outs)
+        return self._decision(template.outcome, path, node, op, domain, ins, outs, scope)
 
     def _decision(
-        self, outcome: _Outcome, path: str, node: NodeProto, op: str, domain: str, ins: list[str], outs: list[str]
+        self,
+        outcome: _Outcome,
+        path: str,
+        node: NodeProto,
+        op: str,
+        domain: str,
+        ins: list[str],
+        outs: list[str],
+        scope: _Scope,
     ) -> NodeDecision:
         """The node's decision from its outcome, then the per-node rules over it."""
         kind, code, reason, precision, input_types, output_types, source, keepable = outcome
@@ -755,8 +848,8 @@ class DecidePass(Pass[Plan]):
             input_types, output_types = dict(input_types), dict(output_types)
         decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types)
         decision.reason, decision.source, decision.keepable, decision.code = reason, source, keepable, code
-        if keepable and self.user_keeps:
-            self._apply_node_rules(decision)
+        if keepable and self.node_rules:
+            self._apply_node_rules(decision, scope)
         return decision
 
     def _record(
@@ -817,13 +910,15 @@ class DecidePass(Pass[Plan]):
                 return f"user: --keep-f32-node {pattern.pattern}"
         return None
 
-    def _apply_node_rules(self, d: NodeDecision) -> None:
-        """The rules that depend on the node itself (its name, its path), over a decision that
-        may come from the template cache: one fires when it comes before the one that decided
-        (`KEEP_RULES` order is the precedence); the node then keeps its original types."""
+    def _apply_node_rules(self, d: NodeDecision, scope: _Scope) -> None:
+        """The rules that depend on the node itself (its name, its path, the values it reads),
+        over a decision that may come from the template cache: one fires when it comes before
+        the one that decided (`KEEP_RULES` order is the precedence); the node then keeps its
+        original types."""
         decided = _RULE_ORDER.get(d.code or "", len(KEEP_RULES))
-        facts = _NodeFacts(d.node, d.path, None, d.op, d.domain, d.inputs, d.outputs, [], [], None, False, d.kind)
-        for rule in _PER_NODE_RULES:
+        facts = _NodeFacts(d.node, d.path, scope, d.op, d.domain, d.inputs, d.outputs, [], [], None, False, d.kind)
+        facts.target = d.precision
+        for rule in self.node_rules:
             if _RULE_ORDER[rule.code] >= decided:
                 return
             reason = rule.check(self, facts)
@@ -888,7 +983,7 @@ class DecidePass(Pass[Plan]):
             and (canonical_domain(domain), op) not in KERNEL_GAPS
         ):
             self._templates[template_key] = _Template(tuple(derived), outcome)
-        return self._decision(outcome, path, node, op, domain, ins, outs)
+        return self._decision(outcome, path, node, op, domain, ins, outs, scope)
 
     def _outcome(self, f: _NodeFacts) -> _Outcome:
         """What `KEEP_RULES` give one node whose values are typed: the first of them to fire,
@@ -1156,11 +1251,37 @@ class EmitPass(Pass[Plan]):
                 return result
         precision = precision_of_elem_type(want)
         assert precision is not None
+        if producer is None and have == _F32 and self.cx.numeric.past_range(name, precision) is not None:
+            # An f32 weight past the low range, read low here (a mask sentinel: rule weight-range
+            # keeps other readers f32): a Cast would make Inf of it, a narrowed copy clamps it.
+            copy = self._narrowed_copy(owner, name, want)
+            if copy is not None:
+                scope.cast_cache[key] = copy
+                return copy
         cast_out = self.cx.fresh(f"{name}__{precision.value}")
         self._add_cast(scope, actual, cast_out, self.cx.fresh(f"{cast_out}__cast"), want, position)
         scope.cast_cache[key] = cast_out
         self._value_info(scope, cast_out, want)
         return cast_out
+
+    def _narrowed_copy(self, owner: _Scope, name: str, want: int) -> str | None:
+        """A copy of initializer `name` in `owner`'s graph that the store step narrows to `want`
+        (clamped and counted, as any narrowed weight); None where there is no such initializer
+        or IR < 4 would need it declared as a graph input too."""
+        if self.cx.model.ir_version < 4:
+            return None
+        init = next((t for t in owner.graph.initializer if t.name == name), None)
+        if init is None:
+            return None
+        copy = owner.graph.initializer.add()
+        copy.CopyFrom(init)
+        precision = precision_of_elem_type(want)
+        assert precision is not None
+        copy.name = self.cx.fresh(f"{name}__{precision.value}")
+        owner.defined.add(copy.name)
+        owner.orig[copy.name], owner.storage[copy.name] = _F32, want
+        self.cx.edits += 1
+        return copy.name
 
     def _add_cast(self, scope: _Scope, src: str, dst: str, name: str, to: int, position: int) -> None:
         """Append Cast(src) -> dst to the scope's graph; emit_scope sorts it into place."""
@@ -1538,6 +1659,20 @@ def _default_opset_for(model: ModelProto, ml: int | None) -> int:
     ir = model.ir_version
     rows = [row for row in helper.VERSION_TABLE if row[1] <= ir and (ml is None or row[3] == ml)]
     return max((row[2] for row in rows), default=1)
+
+
+def _singular_reads(model: ModelProto) -> frozenset[str]:
+    """Values some node reads where zero is singular (`ranges.ZERO_SINGULAR_INPUTS`)."""
+    found: set[str] = set()
+    pending = [model.graph]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            for k in ZERO_SINGULAR_INPUTS.get(node.op_type, ()) if node.domain in DEFAULT_DOMAINS else ():
+                if k < len(node.input) and node.input[k]:
+                    found.add(node.input[k])
+            pending.extend(body for _, body in subgraphs(node))
+    return frozenset(found)
 
 
 def _kernel_gap(node: NodeProto) -> str | None:

@@ -266,3 +266,77 @@ def test_an_op_typed_by_its_attribute_needs_a_real_kernel(target: str) -> None:
     window = next(n for n in out.graph.node if n.op_type == "HannWindow")
     assert "output_datatype" not in {a.name for a in window.attribute}
     _same_numbers(model, out, {}, tol=1e-3)
+
+
+def test_dequantize_arithmetic() -> None:
+    """MatMulInteger's int32 accumulator of uint8 products (about 1.6e5 here) is cast to f32 and
+    multiplied by the scale: that Mul and the scale's own Mul stay f32, and so does the node
+    whose output DynamicQuantizeLinear quantizes; the dequantized value goes on in f16."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.integers(200, 255, (64, 4), dtype=np.uint8), "w")
+    inits = [w, numpy_helper.from_array(np.array(0, np.uint8), "w_zp"), numpy_helper.from_array(np.array(1e-3, np.float32), "w_s")]
+    x = helper.make_tensor_value_info("x", F, [2, 64])
+    y = helper.make_tensor_value_info("y", F, [2, 4])
+    model = _model([helper.make_node("Relu", ["x"], ["r"]),
+                    helper.make_node("DynamicQuantizeLinear", ["r"], ["q", "q_s", "q_zp"]),
+                    helper.make_node("MatMulInteger", ["q", "w", "q_zp", "w_zp"], ["acc"]),
+                    helper.make_node("Cast", ["acc"], ["acc_f"], to=F),
+                    helper.make_node("Mul", ["q_s", "w_s"], ["s"], name="scale"),
+                    helper.make_node("Mul", ["acc_f", "s"], ["deq"], name="dequantize"),
+                    helper.make_node("Tanh", ["deq"], ["y"])], [x], [y], inits)
+    codes, out = _codes(model, "always-f16")
+    report = ConversionReport()
+    convert(model, "always-f16", report=report)
+    kept = {k.node or k.op: k.code for k in report.kept_f32}
+    assert kept == {"Relu@0": "dequantize-arithmetic", "scale": "dequantize-arithmetic", "dequantize": "dequantize-arithmetic"}
+    assert report.decisions["6"] == "f16"  # the Tanh after it
+    feeds = {"x": rng.uniform(0, 1, (2, 64)).astype(np.float32)}
+    acc = run(model, feeds)[0]
+    assert np.isfinite(run(out, feeds)[0]).all() and np.isfinite(acc).all()
+    _same_numbers(model, out, feeds)
+
+
+def test_weight_range() -> None:
+    """A BatchNormalization's running variance of 1e7 cannot be clamped to 65504 (its output
+    would grow 12x): the node stays f32 with its weights; an additive -1e9 mask before a
+    Softmax is a sentinel and is clamped as before."""
+    c = 3
+    bn = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in
+          (("g", np.ones(c)), ("b", np.zeros(c)), ("mean", np.zeros(c)), ("var", np.array([1e7, 2e7, 4e7])))]
+    x4 = helper.make_tensor_value_info("x", F, [1, c, 2, 2])
+    model = _model([helper.make_node("Mul", ["x", "big"], ["xb"]),
+                    helper.make_node("BatchNormalization", ["xb", "g", "b", "mean", "var"], ["n"]),
+                    helper.make_node("ReduceMean", ["n"], ["m"], axes=[2, 3], keepdims=0),
+                    helper.make_node("Add", ["m", "mask"], ["s"]),
+                    helper.make_node("Softmax", ["s"], ["y"])], [x4], [helper.make_tensor_value_info("y", F, [1, 3])],
+                   [*bn, numpy_helper.from_array(np.array([[0, 0, -1e9]], np.float32), "mask"),
+                    numpy_helper.from_array(np.array(3000.0, np.float32), "big")], opset=17)
+    report = ConversionReport()
+    out = convert(model, "always-f16", report=report, check_contracts=True)
+    assert {k.op: k.code for k in report.kept_f32} == {"BatchNormalization": "weight-range"}
+    types = {t.name: t.data_type for t in out.graph.initializer}
+    assert types["var"] == F and types["mask"] == H  # the variance kept, the sentinel clamped
+    assert report.clamped["mask"]["clamped"] == 1 and "var" not in report.clamped
+    feeds = {"x": np.random.default_rng(1).uniform(-1, 1, (1, c, 2, 2)).astype(np.float32)}
+    _same_numbers(model, out, feeds)
+
+
+def test_range_screen() -> None:
+    """The values one reference run saw decide: Exp of x * 16 reaches 8.9e6, past f16; the
+    Exp (which makes it) and the ReduceSum and Div (which read it) stay f32, the Mul before
+    and after stay f16. Values computed from a clamped mask sentinel are not screened."""
+    from rlx_onnx_amp.ranges import ValueRange
+
+    model = _model([helper.make_node("Mul", ["x", "gain"], ["xs"]), helper.make_node("Exp", ["xs"], ["e"]),
+                    helper.make_node("ReduceSum", ["e", "axes"], ["z"]), helper.make_node("Div", ["e", "z"], ["p"]),
+                    helper.make_node("Mul", ["p", "x"], ["y"])], [X], [Y],
+                   [numpy_helper.from_array(np.array(16.0, np.float32), "gain"),
+                    numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    feeds = {"x": FEEDS["x"]}
+    ranges = {name: ValueRange(8.9e6 if name in ("e", "z") else 16.0, 1e-3) for name in ("xs", "e", "z", "p", "y")}
+    report = ConversionReport()
+    out = convert(model, "always-f16", report=report, check_contracts=True, value_ranges=ranges)
+    assert {k.op: k.code for k in report.kept_f32} == {"Exp": "range-screen", "ReduceSum": "range-screen",
+                                                       "Div": "range-screen"}
+    assert report.decisions["0"] == "f16" and report.decisions["4"] == "f16"
+    _same_numbers(model, out, feeds)

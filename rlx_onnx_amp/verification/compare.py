@@ -25,7 +25,7 @@ from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verification.inputs import InputSpec, check_feeds, load_inputs, synthesize, synthesized_inputs_error
+from rlx_onnx_amp.verification.inputs import InputSpec, check_feeds, load_inputs, synthesize
 from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "resolve_provider",
     "round_feeds",
     "run_each",
-    "run_reference",
     "stack_samples",
     "tolerance_for",
 ]
@@ -418,26 +417,6 @@ def input_sets(model: onnx.ModelProto, options: VerifyOptions) -> list[dict[str,
         samples = [synthesize(model, options.spec, k) for k in range(max(options.spec.samples, 1))]
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples
-
-
-def run_reference(
-    path: Path,
-    model: onnx.ModelProto,
-    provider: str,
-    samples: Sequence[Mapping[str, np.ndarray]],
-    options: VerifyOptions,
-    progress: Progress | None = None,
-) -> tuple[list[str], list[str], list[dict[str, np.ndarray]]]:
-    """The reference's output names, the providers its session used, and its outputs on every
-    input set; the session is released on return, so a candidate's opens alone. A reference
-    that cannot run on synthesized inputs with guessed axes is an input error that says so."""
-    session = Session(str(path), provider, str(path))
-    names, providers_used = session.output_names, session.session.get_providers()
-    try:
-        runs = run_each(session, samples, names, progress, "running the reference")
-    except ModelRunError as e:
-        raise (e if options.inputs else synthesized_inputs_error(e, model, options.spec)) from None
-    return names, providers_used, runs
 
 
 def pair_runs(

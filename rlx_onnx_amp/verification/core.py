@@ -20,12 +20,10 @@ from rlx_onnx_amp.verification.compare import (
     Scratch,
     VerifyOptions,
     compare_outputs,
-    input_sets,
     open_compared,
     pair_runs,
     resolve_provider,
     run_each,
-    run_reference,
     tolerance_for,
 )
 from rlx_onnx_amp.verification.inputs import (
@@ -33,8 +31,19 @@ from rlx_onnx_amp.verification.inputs import (
 )
 from rlx_onnx_amp.verification.localize import localize
 from rlx_onnx_amp.verification.metrics import OutputDrift
+from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, check_output_names, prepare_reference
 
-__all__ = ["PROVIDERS", "VerifyOptions", "VerifyReport", "check_output_names", "resolve_provider", "verify"]
+__all__ = [
+    "PROVIDERS",
+    "Reference",
+    "ReferenceUnavailable",
+    "VerifyOptions",
+    "VerifyReport",
+    "check_output_names",
+    "prepare_reference",
+    "resolve_provider",
+    "verify",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,23 +121,31 @@ def verify(
     *,
     candidate_label: str | None = None,
     outputs: OutputSet | None = None,
+    prepared: Reference | None = None,
 ) -> VerifyReport:
     """Compare `candidate` against `reference` on the same inputs (see README, Verification).
 
     `candidate_label` names the candidate in the report (a staged model is verified before it
     is moved to its final path). `--save-inputs` is staged into `outputs` when given (the
-    caller commits it); otherwise it is written when the verification ends.
+    caller commits it); otherwise it is written when the verification ends. `prepared` is the
+    reference's run already made (`prepare_reference`, with the range screen): it is not run
+    again.
     """
     options = options or VerifyOptions()
     ref_path, cand_path = Path(reference), Path(candidate)
     cand_label = candidate_label or str(cand_path)
-    provider = resolve_provider(options.provider)
-    ref_model = load_model(ref_path)
     cand_model = load_model(cand_path)
-    _check_interfaces(ref_model, cand_model, ref_path, Path(cand_label))
-    check_output_names(options, ref_model, ref_path)
-
-    samples = input_sets(ref_model, options)
+    if prepared is None:
+        _check_interfaces(load_model(ref_path), cand_model, ref_path, Path(cand_label))
+        # One onnxruntime session at a time (the reference's outputs kept, its session
+        # released, then the candidate's): verifying needs about one model's memory, not two.
+        try:
+            prepared = prepare_reference(ref_path, options, progress=progress)
+        except ReferenceUnavailable as e:
+            raise e.error from None
+    else:
+        _check_interfaces(prepared.model, cand_model, ref_path, Path(cand_label))
+    ref_model, provider, samples = prepared.model, prepared.provider, prepared.samples
     if options.save_inputs:
         if outputs is None:
             paths = RunPaths()
@@ -142,9 +159,7 @@ def verify(
         else:
             save_inputs(outputs, options.save_inputs, samples)
 
-    # One onnxruntime session at a time (the reference's outputs kept, its session released,
-    # then the candidate's): verifying needs about one model's memory, not two.
-    names, providers_used, ref_runs = run_reference(ref_path, ref_model, provider, samples, options, progress)
+    names, providers_used = prepared.output_names, prepared.providers_used
     with Scratch("rlx-amp-verify-") as tmp:
         compared = open_compared(
             ref_model, ref_path.parent, cand_model, cand_path, provider, options.emulate, tmp, cand_label, progress
@@ -152,8 +167,8 @@ def verify(
         precision = compared.precision
         cand_runs = run_each(compared, samples, names, progress, "running the candidate")
         compared.release()
-        results = pair_runs(ref_runs, cand_runs, names)
-        del ref_runs, cand_runs
+        results = pair_runs(prepared.runs, cand_runs, names)
+        del cand_runs
         localized = None
         trace: list[dict[str, Any]] | None = None
         if options.localize:
@@ -197,22 +212,6 @@ def verify(
         localized=localized,
         localize_trace=trace,
     )
-
-
-def check_output_names(options: VerifyOptions, model: onnx.ModelProto, path: Path) -> None:
-    """A per-output tolerance for an output the model lacks would do nothing: refuse it."""
-    names = {o.name for o in model.graph.output}
-    for flag, given in (
-        ("--atol", options.atol),
-        ("--rtol-of-max", options.rtol_of_max),
-        ("--rtol", options.rtol),
-        ("--min-cosine", options.min_cosine),
-    ):
-        unknown = sorted(k for k in given if k and k not in names)
-        if unknown:
-            raise InputError(
-                f"{flag} {unknown[0]}:...: {path} has no output {unknown[0]!r} (outputs: {', '.join(sorted(names))})"
-            )
 
 
 def _check_interfaces(ref: onnx.ModelProto, cand: onnx.ModelProto, ref_path: Path, cand_path: Path) -> None:

@@ -1,0 +1,291 @@
+"""What values a low precision cannot hold, known before the rewrite (docs/design.md, rules
+dequantize-arithmetic, weight-range and range-screen).
+
+Three facts the keep rules read:
+
+- **Weights past the range.** The largest finite magnitude of every float weight (initializer,
+  Constant or ConstantOfShape value), read once and only when a rule asks: a weight of 1e7 that
+  a BatchNormalization divides by is not something f16 may clamp to 65504.
+- **Mask sentinels.** A weight whose out-of-range values only mark positions to ignore may be
+  clamped: one that reaches, through mask arithmetic and data movement, only Softmax /
+  LogSoftmax (an additive attention mask: -1e9 or the f32 minimum), or that Where, Min or Max
+  read directly. Two such weights that meet in one Add, Sub or Mul are not sentinels: their
+  clamped sum passes the range again. The values computed from sentinels are *tainted*: the
+  range screen does not keep nodes for them, since the candidate holds them clamped.
+- **Value ranges** from one f32 reference run (`ValueRange`, filled by the range screen in
+  `rlx_onnx_amp.verification.screen`): a node whose output or input passes its precision's
+  range, or reads a value that flushes to zero where zero is singular, stays f32.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import GraphProto, NodeProto, TensorProto
+
+from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
+from rlx_onnx_amp.tensors import WeightSource
+from rlx_onnx_amp.types import names_read, subgraphs
+
+__all__ = [
+    "INTEGER_ACCUMULATORS",
+    "MASK_PATH_OPS",
+    "MASK_READERS",
+    "MASK_SINKS",
+    "ZERO_SINGULAR_INPUTS",
+    "NumericFacts",
+    "ValueRange",
+]
+
+logger = logging.getLogger(__name__)
+
+_F32 = TensorProto.FLOAT
+
+#: Ops whose integer output is an accumulator (sums of products of 8-bit values: 1e5 and
+#: more); the float arithmetic that dequantizes it belongs to the quantized region.
+INTEGER_ACCUMULATORS: frozenset[tuple[str, str]] = frozenset(
+    {("", "MatMulInteger"), ("", "ConvInteger"), ("com.microsoft", "MatMulInteger16")}
+)
+#: Ops that produce a quantization scale at run time (output index): the scale's arithmetic
+#: (its product with the weight's scale) is dequantization too.
+RUNTIME_SCALES: Mapping[str, int] = {"DynamicQuantizeLinear": 1}
+
+#: Where a mask sentinel may end: ops that map a huge negative score to zero weight.
+MASK_SINKS: frozenset[str] = frozenset({"Softmax", "LogSoftmax"})
+#: Readers that select or bound with a sentinel directly (Where(c, x, -1e9), Max(x, f32 min)).
+MASK_READERS: frozenset[str] = frozenset({"Where", "Min", "Max"})
+#: Ops a mask passes through on its way to a sink: its arithmetic ((1 - m) * -1e9) and data
+#: movement (Unsqueeze, Expand, ...: `taxonomy.VALUE_EXACT_OPS`).
+MASK_PATH_OPS: frozenset[str] = frozenset({"Add", "Sub", "Mul", "Neg", "Cast", "Tile", "Where", "Min", "Max"})
+#: Arithmetic where two sentinels meeting give a value past the range again.
+_COMBINING_OPS = frozenset({"Add", "Sub", "Mul"})
+
+#: Inputs at which a zero is singular: a value that flushes to zero there becomes Inf or NaN.
+ZERO_SINGULAR_INPUTS: Mapping[str, tuple[int, ...]] = {
+    "Div": (1,),
+    "Reciprocal": (0,),
+    "Log": (0,),
+    "Sqrt": (0,),
+    "Pow": (0,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRange:
+    """What one f32 reference run saw of a value (over every input set)."""
+
+    max_abs: float  # the largest finite magnitude (0.0: none)
+    min_nonzero: float  # the smallest finite non-zero magnitude (inf: none)
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> ValueRange | None:
+        """The range of a float array; None when it holds no finite value."""
+        v = np.abs(np.asarray(values, dtype=np.float32).reshape(-1))
+        finite = v[np.isfinite(v)]
+        if not finite.size:
+            return None
+        nonzero = finite[finite != 0]
+        return cls(float(finite.max()), float(nonzero.min()) if nonzero.size else float("inf"))
+
+    def merge(self, other: ValueRange) -> ValueRange:
+        return ValueRange(max(self.max_abs, other.max_abs), min(self.min_nonzero, other.min_nonzero))
+
+    def overflows(self, precision: Precision) -> bool:
+        return self.max_abs >= precision.info.overflow_at
+
+    def flushes(self, precision: Precision) -> bool:
+        return self.min_nonzero < precision.info.smallest_subnormal / 2
+
+
+class NumericFacts:
+    """The facts of one model that the numeric keep rules read, each computed on first use."""
+
+    def __init__(self, model: onnx.ModelProto, source: WeightSource, value_ranges: Mapping[str, ValueRange]) -> None:
+        self.model = model
+        self.source = source
+        self.value_ranges = value_ranges
+        self._weights: dict[str, TensorProto | NodeProto] | None = None
+        self._weight_max: dict[str, float] = {}
+        self._graph_of: dict[str, GraphProto] = {}
+        self._consumers: dict[int, dict[str, list[tuple[NodeProto, int]]]] = {}
+        self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
+        self.has_accumulators = _holds_ops(model.graph, {op for _, op in INTEGER_ACCUMULATORS})
+        #: Values that DynamicQuantizeLinear quantizes at run time: their producers belong to the
+        #: quantized region (a value rounded to f16 first lands in other quantization bins).
+        self.quantized_at_run_time: frozenset[str] = frozenset(
+            node.input[0]
+            for g in (_graphs(model.graph) if self.has_accumulators else ())
+            for node in g.node
+            if node.op_type in RUNTIME_SCALES and node.domain in DEFAULT_DOMAINS and node.input
+        )
+
+    # -- weights ---------------------------------------------------------------------------
+    def _weight_table(self) -> dict[str, TensorProto | NodeProto]:
+        """Float weights by name: initializers and Constant-like nodes, bodies included."""
+        if self._weights is None:
+            table: dict[str, TensorProto | NodeProto] = {}
+            for graph in _graphs(self.model.graph):
+                for init in graph.initializer:
+                    if init.data_type == _F32:
+                        table[init.name] = init
+                        self._graph_of[init.name] = graph
+                for node in graph.node:
+                    if node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS and node.output:
+                        table[node.output[0]] = node
+                        self._graph_of[node.output[0]] = graph
+            self._weights = table
+        return self._weights
+
+    def weight_max(self, name: str) -> float | None:
+        """The largest finite magnitude of the float weight `name`; None when it is no weight."""
+        found = self._weight_max.get(name)
+        if found is not None:
+            return found
+        holder = self._weight_table().get(name)
+        if holder is None:
+            return None
+        values = self._values(holder)
+        if values is None:
+            return None
+        finite = np.abs(values[np.isfinite(values)])
+        self._weight_max[name] = found = float(finite.max()) if finite.size else 0.0
+        return found
+
+    def _values(self, holder: TensorProto | NodeProto) -> np.ndarray | None:
+        if isinstance(holder, TensorProto):
+            return np.asarray(self.source.read(holder), dtype=np.float32).reshape(-1)
+        attr_name = SOURCE_VALUE_ATTRIBUTES[holder.op_type]
+        for attr in holder.attribute:
+            if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
+                if attr.t.data_type != _F32:
+                    return None
+                return np.asarray(self.source.read(attr.t), dtype=np.float32).reshape(-1)
+            if attr.name in ("value_float", "value_floats"):
+                return np.asarray([attr.f] if attr.name == "value_float" else list(attr.floats), dtype=np.float32)
+        return None
+
+    def past_range(self, name: str, precision: Precision) -> float | None:
+        """The weight's largest finite magnitude when it passes `precision`'s range, else None."""
+        found = self.weight_max(name)
+        return found if found is not None and found > precision.info.max_finite else None
+
+    # -- sentinels -------------------------------------------------------------------------
+    def is_sentinel(self, name: str, precision: Precision) -> bool:
+        return name in self._sentinel_sets(precision)[0]
+
+    def tainted(self, name: str, precision: Precision) -> bool:
+        """Whether `name` is computed from a clamped mask sentinel (or is one)."""
+        return name in self._sentinel_sets(precision)[1]
+
+    def _sentinel_sets(self, precision: Precision) -> tuple[frozenset[str], frozenset[str]]:
+        found = self._sentinels.get(precision)
+        if found is None:
+            found = self._sentinels[precision] = self._find_sentinels(precision)
+        return found
+
+    def _find_sentinels(self, precision: Precision) -> tuple[frozenset[str], frozenset[str]]:
+        """(sentinel weights, the values computed from them) for one precision."""
+        sentinels: set[str] = set()
+        tainted: set[str] = set()
+        for graph in _graphs(self.model.graph):
+            consumers = self._consumers_of(graph)
+            outputs = {o.name for o in graph.output} | _read_in_bodies(graph)
+            names = [n for n in self._weight_table() if self._graph_of.get(n) is graph]
+            candidates = [n for n in names if self.past_range(n, precision) is not None]
+            reached: dict[str, list[str]] = {}  # value -> the candidates it is computed from
+            closures: dict[str, set[str]] = {}
+            for name in candidates:
+                closure = _mask_closure(name, consumers, outputs)
+                if closure is not None:
+                    closures[name] = closure
+                    for value in closure:
+                        reached.setdefault(value, []).append(name)
+            met = _meeting(closures, reached, consumers)
+            for name, closure in closures.items():
+                if name not in met:
+                    sentinels.add(name)
+                    tainted |= closure
+        if sentinels:
+            logger.debug("mask sentinels (clamped to %s): %s", precision.value, sorted(sentinels))
+        return frozenset(sentinels), frozenset(tainted)
+
+    def _consumers_of(self, graph: GraphProto) -> dict[str, list[tuple[NodeProto, int]]]:
+        found = self._consumers.get(id(graph))
+        if found is None:
+            found = {}
+            for node in graph.node:
+                for k, name in enumerate(node.input):
+                    if name:
+                        found.setdefault(name, []).append((node, k))
+            self._consumers[id(graph)] = found
+        return found
+
+
+def _mask_closure(
+    name: str, consumers: Mapping[str, list[tuple[NodeProto, int]]], outputs: set[str]
+) -> set[str] | None:
+    """The values computed from weight `name` on its way to mask sinks, or None when one of
+    its paths ends anywhere else (a graph output, a body, an op that is no mask arithmetic)."""
+    closure = {name}
+    pending = [name]
+    while pending:
+        value = pending.pop()
+        if value in outputs:
+            return None
+        for node, k in consumers.get(value, ()):
+            op = node.op_type
+            if node.domain not in DEFAULT_DOMAINS:
+                return None
+            if op in MASK_SINKS:
+                continue
+            if op in MASK_READERS and value == name:
+                continue  # read directly: selects or bounds with the sentinel
+            if op == "Where" and k == 0:
+                return None
+            if op in MASK_PATH_OPS or copies_values(node.domain, op):
+                for out in node.output:
+                    if out and out not in closure:
+                        closure.add(out)
+                        pending.append(out)
+                continue
+            return None
+    return closure
+
+
+def _meeting(
+    closures: Mapping[str, set[str]],
+    reached: Mapping[str, list[str]],
+    consumers: Mapping[str, list[tuple[NodeProto, int]]],
+) -> set[str]:
+    """Sentinel candidates whose paths meet another's in one Add, Sub or Mul."""
+    met: set[str] = set()
+    for name, closure in closures.items():
+        for value in closure:
+            for node, _ in consumers.get(value, ()):
+                if node.op_type not in _COMBINING_OPS:
+                    continue
+                others = {c for i in node.input if i and i != value for c in reached.get(i, ()) if c != name}
+                if others:
+                    met.add(name)
+                    met |= others
+    return met
+
+
+def _graphs(graph: GraphProto) -> Iterable[GraphProto]:
+    yield graph
+    for node in graph.node:
+        for _, body in subgraphs(node):
+            yield from _graphs(body)
+
+
+def _read_in_bodies(graph: GraphProto) -> set[str]:
+    return {name for node in graph.node for _, body in subgraphs(node) for name in names_read(body)}
+
+
+def _holds_ops(graph: GraphProto, ops: set[str]) -> bool:
+    return any(node.op_type in ops for g in _graphs(graph) for node in g.node)

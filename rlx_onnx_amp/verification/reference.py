@@ -1,0 +1,148 @@
+"""One f32 reference run that serves both the range screen and the verdict.
+
+`prepare_reference` loads the reference once, builds the input sets a verification uses (the
+user's file, or seeded synthesis with `--shape` and `--input-range`), and runs it once per input
+set. With `screen=True` the same run surfaces every float value of the model
+(`screen.ScreenPlan`): their ranges go to the converter (`ConvertOptions.value_ranges`, rule
+range-screen) and the graph outputs of that very run are what the candidate is judged
+against. Nothing is run twice, and one session is held at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from rlx_onnx_amp.api import load_model
+from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError
+from rlx_onnx_amp.ranges import ValueRange
+from rlx_onnx_amp.verification.compare import (
+    Progress,
+    Scratch,
+    Session,
+    VerifyOptions,
+    input_sets,
+    resolve_provider,
+    run_each,
+)
+from rlx_onnx_amp.verification.inputs import synthesized_inputs_error
+from rlx_onnx_amp.verification.screen import ScreenPlan
+
+__all__ = ["Reference", "ReferenceUnavailable", "check_output_names", "prepare_reference"]
+
+logger = logging.getLogger(__name__)
+
+
+class ReferenceUnavailable(AmpError):
+    """The reference cannot run on the inputs the verification would use: `error` says why
+    (an input error, exit 2, when symbolic axes were guessed; onnxruntime's, exit 3,
+    otherwise). A conversion that verifies by default is then written unverified."""
+
+    def __init__(self, error: AmpError) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.exit_code = error.exit_code
+
+
+@dataclass
+class Reference:
+    """The reference model and what its one run gave."""
+
+    path: Path
+    model: onnx.ModelProto  # loaded without its external data
+    provider: str
+    samples: list[dict[str, np.ndarray]]
+    output_names: list[str]
+    providers_used: list[str]
+    runs: list[dict[str, np.ndarray]]  # the graph outputs on every input set
+    #: Value name -> its range over every input set (empty unless screened).
+    value_ranges: dict[str, ValueRange] = field(default_factory=dict)
+    screened: bool = False
+
+
+def prepare_reference(
+    path: str | os.PathLike[str],
+    options: VerifyOptions,
+    *,
+    screen: bool = False,
+    progress: Progress | None = None,
+) -> Reference:
+    """Load and run the reference on the verification's inputs; with `screen`, in the same run,
+    the range of every float value. Raises `ReferenceUnavailable` when it cannot run."""
+    ref_path = Path(path)
+    provider = resolve_provider(options.provider)
+    model = load_model(ref_path)
+    check_output_names(options, model, ref_path)
+    samples = input_sets(model, options)
+    outputs = [o.name for o in model.graph.output]
+    reference = Reference(ref_path, model, provider, samples, outputs, [], [])
+    try:
+        if screen:
+            _screened_run(reference, progress)
+        else:
+            session = Session(str(ref_path), provider, str(ref_path))
+            reference.providers_used = session.session.get_providers()
+            reference.runs = run_each(session, samples, outputs, progress, "running the reference")
+    except ModelRunError as e:
+        raise ReferenceUnavailable(e if options.inputs else synthesized_inputs_error(e, model, options.spec)) from None
+    return reference
+
+
+def _screened_run(reference: Reference, progress: Progress | None) -> None:
+    """The reference's outputs and every float value's range, from one run per input set: with
+    its bodies' values surfaced, or (where those cannot be stacked) its main graph's alone, or,
+    where even that cannot run, its outputs only (nothing screened)."""
+    last: ModelRunError | None = None
+    with Scratch("rlx-amp-screen-") as tmp:
+        for bodies in (True, False):
+            plan = ScreenPlan(reference.model, reference.output_names, bodies)
+            try:
+                session = tmp.session(plan.model, reference.path.parent, reference.provider, str(reference.path))
+                ranges: dict[str, ValueRange] = {}
+                runs = []
+                for k, feeds in enumerate(reference.samples):
+                    if progress is not None:
+                        progress("running the reference", k, len(reference.samples))
+                    fetched = session.run(feeds, plan.fetch)
+                    plan.ranges(fetched, ranges)
+                    runs.append({n: np.asarray(fetched[n]) for n in reference.output_names})
+                    del fetched
+                if progress is not None:
+                    progress("running the reference", len(reference.samples), len(reference.samples))
+            except ModelRunError as e:
+                logger.info("screening %s values failed (%s)", "every" if bodies else "the main graph's", e)
+                last = e
+                continue
+            reference.providers_used = session.session.get_providers()
+            reference.runs, reference.value_ranges, reference.screened = runs, ranges, True
+            return
+    logger.info("screening failed; running the reference alone")
+    try:
+        session = Session(str(reference.path), reference.provider, str(reference.path))
+    except ModelRunError:
+        raise last or ModelRunError(f"{reference.path}: onnxruntime cannot run it") from None
+    reference.providers_used = session.session.get_providers()
+    reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
+
+
+def check_output_names(options: VerifyOptions, model: onnx.ModelProto, path: Path) -> None:
+    """A per-output tolerance for an output the model lacks would do nothing: refuse it."""
+    names = {o.name for o in model.graph.output}
+    given: Sequence[tuple[str, dict[str, float]]] = (
+        ("--atol", options.atol),
+        ("--rtol-of-max", options.rtol_of_max),
+        ("--rtol", options.rtol),
+        ("--min-cosine", options.min_cosine),
+    )
+    for flag, values in given:
+        unknown = sorted(k for k in values if k and k not in names)
+        if unknown:
+            raise InputError(
+                f"{flag} {unknown[0]}:...: {path} has no output {unknown[0]!r} (outputs: {', '.join(sorted(names))})"
+            )
