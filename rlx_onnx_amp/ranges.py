@@ -4,7 +4,7 @@ dequantize-arithmetic, weight-range and range-screen).
 Three facts the keep rules read:
 
 - **Weights past the range.** The largest finite magnitude of every float weight (initializer,
-  Constant or ConstantOfShape value), read once and only when a rule asks: a weight of 1e7 that
+  Constant or ConstantOfShape value), read once and only when one of the keep rules reads it: a weight of 1e7 that
   a BatchNormalization divides by is not something f16 may clamp to 65504.
 - **Mask sentinels.** A weight whose out-of-range values only mark positions to ignore may be
   clamped: one that reaches, through mask arithmetic and data movement, only Softmax /
@@ -230,30 +230,31 @@ def _mask_closure(
     name: str, consumers: Mapping[str, list[tuple[NodeProto, int]]], outputs: set[str]
 ) -> set[str] | None:
     """The values computed from weight `name` on its way to mask sinks, or None when one of
-    its paths ends anywhere else (a graph output, a body, an op that is no mask arithmetic)."""
+    its paths ends anywhere else (a graph output, a body, an op that is no mask arithmetic).
+    What Where, Min or Max make of the weight read directly is followed too, for the values it
+    taints, but where those go does not decide whether the weight is a sentinel."""
     closure = {name}
-    pending = [name]
+    pending = [(name, True)]  # (value, whether its paths decide)
     while pending:
-        value = pending.pop()
+        value, decides = pending.pop()
         if value in outputs:
-            return None
+            if decides:
+                return None
+            continue
         for node, k in consumers.get(value, ()):
             op = node.op_type
-            if node.domain not in DEFAULT_DOMAINS:
-                return None
-            if op in MASK_SINKS:
+            through = node.domain in DEFAULT_DOMAINS and (op in MASK_PATH_OPS or copies_values(node.domain, op))
+            if node.domain in DEFAULT_DOMAINS and op in MASK_SINKS:
                 continue
-            if op in MASK_READERS and value == name:
-                continue  # read directly: selects or bounds with the sentinel
-            if op == "Where" and k == 0:
-                return None
-            if op in MASK_PATH_OPS or copies_values(node.domain, op):
-                for out in node.output:
-                    if out and out not in closure:
-                        closure.add(out)
-                        pending.append(out)
+            if not through or (op == "Where" and k == 0):
+                if decides:
+                    return None
                 continue
-            return None
+            direct = decides and value == name and op in MASK_READERS  # selects or bounds with the sentinel
+            for out in node.output:
+                if out and out not in closure:
+                    closure.add(out)
+                    pending.append((out, decides and not direct))
     return closure
 
 

@@ -421,13 +421,16 @@ class ExternalSink(WeightSink):
     """Appends tensors of at least `threshold` bytes to one external data file.
 
     It hashes what it writes (`digest`), so the file can be named after its content, and
-    remembers the tensors it pointed at the file, so `relocate` can rename it in them.
+    remembers the tensors it pointed at the file, so `relocate` can rename it in them. A
+    `scratch` sink (a verification's rounded weights, read once and removed) neither hashes nor
+    syncs what it writes.
     """
 
-    def __init__(self, path: Path, location: str, threshold: int = 1024) -> None:
+    def __init__(self, path: Path, location: str, threshold: int = 1024, scratch: bool = False) -> None:
         self.path = path
         self.location = location
         self.threshold = threshold
+        self.scratch = scratch
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._offset = 0
         self._hash = hashlib.sha256()
@@ -438,6 +441,8 @@ class ExternalSink(WeightSink):
         return self._offset
 
     def digest(self) -> str:
+        if self.scratch:
+            raise RuntimeError("a scratch sink does not hash what it writes")
         return self._hash.hexdigest()
 
     def relocate(self, location: str) -> None:
@@ -450,7 +455,8 @@ class ExternalSink(WeightSink):
 
     def _write(self, data: bytes | memoryview) -> None:
         self._file.write(data)
-        self._hash.update(data)
+        if not self.scratch:
+            self._hash.update(data)
 
     def _align(self) -> None:
         pad = (-self._offset) % _ALIGN
@@ -542,5 +548,6 @@ class ExternalSink(WeightSink):
     def close(self) -> None:
         if not self._file.closed:
             self._file.flush()
-            os.fsync(self._file.fileno())
+            if not self.scratch:
+                os.fsync(self._file.fileno())
             self._file.close()

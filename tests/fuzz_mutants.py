@@ -47,8 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-#: The exit codes `rlx-amp` documents (1 only with --verify/--repair); 70 is an internal error.
-DOCUMENTED_EXIT_CODES = {0, 1, 2, 3}
+#: The exit codes `rlx-amp` documents (4, written unverified, only without --verify; 141 is a
+#: closed stdout, which the fuzzer never causes); 70 is an internal error.
+DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4}
+EXIT_UNVERIFIED = 4
 EXIT_INTERNAL = 70
 
 POLICIES: tuple[tuple[str, ...], ...] = (
@@ -797,10 +799,11 @@ def run_mutant(seed: int, index: int, workdir: Path, verify_share: float, err: _
         stray_files=sorted(set(after) - set(before)) + [f"out/{n}" for n in outputs if n not in allowed],
         out_files=outputs,
     )
-    if check_inputs or (code == 0 and not (out_dir / OUT_NAME).is_file()):
+    written = code in (0, 1, EXIT_UNVERIFIED)  # the exits that write the model
+    if check_inputs or (written and not (out_dir / OUT_NAME).is_file()):
         c, o, e = model_valid(in_path)
         record.update(in_checker=c, in_ort=o, in_error=e, inputs_checked=True)
-    if code == 0:
+    if written:
         if (out_dir / OUT_NAME).is_file():
             c, o, e = model_valid(out_dir / OUT_NAME)
             record.update(out_checker=c, out_ort=o, out_error=e)
@@ -808,7 +811,7 @@ def run_mutant(seed: int, index: int, workdir: Path, verify_share: float, err: _
                 c, o, e = model_valid(in_path)
                 record.update(in_checker=c, in_ort=o, in_error=e)
         else:
-            record.update(out_checker=False, out_ort=False, out_error="exit 0 but no output file")
+            record.update(out_checker=False, out_ort=False, out_error=f"exit {code} but no output file")
     return record
 
 
@@ -822,13 +825,16 @@ def check_record(r: dict[str, Any]) -> list[str]:
         problems.append("exit 70 (internal error)" + (" from an uncaught exception" if r.get("uncaught") else ""))
     elif code not in DOCUMENTED_EXIT_CODES:
         problems.append(f"undocumented exit code {code}")
-    elif code == 1 and not r.get("verify"):
-        problems.append("exit 1 without --verify")
+    elif code == EXIT_UNVERIFIED and r.get("verify"):
+        problems.append("exit 4 with --verify (a reference that cannot run is an error then)")
     if r.get("traceback") and code != EXIT_INTERNAL:
         problems.append("traceback on stderr")
     lines = [ln for ln in r.get("stderr", "").splitlines() if ln.strip()]
     if code in (2, 3) and (len(lines) != 1 or not lines[0].startswith("rlx-amp: error:")):
         problems.append(f"stderr is not one 'rlx-amp: error:' line ({len(lines)} lines)")
+    unverified = [ln for ln in lines if "written, not verified" in ln]
+    if code == EXIT_UNVERIFIED and (len(unverified) != 1 or not r.get("out_files")):
+        problems.append("exit 4 without its one 'written, not verified' line and the model written")
     if code == 2 and r.get("out_files"):
         problems.append(f"exit 2 but wrote {r['out_files']}")
     if not r.get("inputs_intact", True):
@@ -837,8 +843,9 @@ def check_record(r: dict[str, Any]) -> list[str]:
         problems.append(f"stray files: {r['stray_files']}")
     if code == 0 and r.get("escapes"):
         problems.append("exit 0 on a model whose external data lies outside its directory")
-    if code == 0 and not (r.get("out_checker") and r.get("out_ort")) and r.get("in_checker") and r.get("in_ort"):
-        problems.append(f"valid input, invalid exit-0 output ({r.get('out_error')})")
+    written = code in (0, 1, EXIT_UNVERIFIED)
+    if written and not (r.get("out_checker") and r.get("out_ort")) and r.get("in_checker") and r.get("in_ort"):
+        problems.append(f"valid input, invalid exit-{code} output ({r.get('out_error')})")
     return problems
 
 

@@ -39,7 +39,7 @@ def test_batch_converts_every_model_it_can(tmp_path: Path) -> None:
     broken.write_text("not a model")
     out = tmp_path / "out"
     out.mkdir()
-    result = rlx(good, broken, drifting, "--policy", "always-f16", "--out-dir", out, "--verify", "--provider", "cpu",
+    result = rlx(good, broken, drifting, "--policy", "always-f16", "--out-dir", out, "--verify", "--no-screen", "--provider", "cpu",
                  "--report-json", tmp_path / "r.json", "--report-md", tmp_path / "r.md")
     assert result.returncode == 2, result.stdout + result.stderr  # the worst of 0, 2 and 1
     assert f"rlx-amp: error: {broken}: not a valid ONNX model" in result.stderr
@@ -60,8 +60,8 @@ def test_a_mistyped_subcommand_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "expect"), [
-    (["--atol", "0.1"], "--atol needs --verify or --repair"),
-    (["--localize"], "--localize needs --verify or --repair"),
+    (["--no-verify", "--atol", "0.1"], "--atol does nothing with --no-verify"),
+    (["--no-verify", "--localize"], "--localize does nothing with --no-verify"),
     (["--verify", "--repair-budget", "3"], "--repair-budget needs --repair"),
     (["--policy", "custom", "--map", "boundary=f16"], "boundary=f16 would do nothing"),
     (["--verify", "--atol", "nosuch:0.1"], "has no output 'nosuch'"),
@@ -86,7 +86,7 @@ def test_options_that_match_nothing_in_a_model_warn(tmp_path: Path) -> None:
 def test_quiet_still_prints_a_failing_verdict(tmp_path: Path) -> None:
     src = tmp_path / "exp.onnx"
     onnx.save(BROKEN_IN_F16["exp_overflow"]().model, str(src))
-    failing = rlx(src, "--policy", "always-f16", "-o", tmp_path / "o.onnx", "--verify", "-q")
+    failing = rlx(src, "--policy", "always-f16", "-o", tmp_path / "o.onnx", "--verify", "--no-screen", "-q")
     assert failing.returncode == 1
     assert failing.stdout.strip() == f"FAILED {tmp_path / 'o.onnx'}: y (finite, max-scaled, cosine)", failing.stdout
     passing = rlx(DEMO, "-o", tmp_path / "p.onnx", "--verify", "-q")
@@ -180,7 +180,7 @@ def test_text_markdown_and_json_share_the_drift_columns(tmp_path: Path) -> None:
 def test_markdown_carries_why_and_the_repair(tmp_path: Path) -> None:
     src = tmp_path / "exp.onnx"
     onnx.save(BROKEN_IN_F16["exp_overflow"]().model, str(src))
-    assert rlx(src, "--policy", "always-f16", "-o", tmp_path / "v.onnx", "--verify", "--report-md", tmp_path / "v.md").returncode == 1
+    assert rlx(src, "--policy", "always-f16", "-o", tmp_path / "v.onnx", "--verify", "--no-screen", "--report-md", tmp_path / "v.md").returncode == 1
     assert "new NaN" in (tmp_path / "v.md").read_text()  # the why column
     assert rlx(src, "--policy", "always-f16", "-o", tmp_path / "r.onnx", "--repair", "--report-md", tmp_path / "r.md").returncode == 0
     md = (tmp_path / "r.md").read_text()

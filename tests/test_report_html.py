@@ -89,7 +89,7 @@ def test_a_batch_is_one_page_with_a_section_per_model(tmp_path: Path) -> None:
     (tmp_path / "broken.onnx").write_bytes(b"not a model")
     (tmp_path / "out").mkdir()
     result = rlx("exp_overflow.onnx", "mask_softmax.onnx", "broken.onnx", "--policy", "always-f16", "--out-dir", "out",
-                 "--verify", "--provider", "cpu", "--report-html", "batch.html", "-q", cwd=tmp_path)
+                 "--verify", "--no-screen", "--provider", "cpu", "--report-html", "batch.html", "-q", cwd=tmp_path)
     assert result.returncode == 2, result.stderr  # the worst: a bad input
     text = (tmp_path / "batch.html").read_text()
     assert text.count("<h2 id=") == 2  # one section per converted model

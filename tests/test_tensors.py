@@ -78,8 +78,10 @@ def test_many_small_constants_clamp_and_count_like_one() -> None:
         low, stats = narrow(bias, Precision.F16)
         if stats.clamped or stats.flushed:
             expected[f"b{k}"] = (stats.clamped, stats.flushed)
+        # Each bias is added before a Softmax: a mask sentinel (rule weight-range), so it is clamped.
         nodes.append(helper.make_node("Add", [prev, f"b{k}"], [f"a{k}"], name=f"add{k}"))
-        prev = f"a{k}"
+        nodes.append(helper.make_node("Softmax", [f"a{k}"], [f"p{k}"], name=f"softmax{k}"))
+        prev = f"p{k}"
     graph = helper.make_graph(nodes, "adds", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
                               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -141,7 +141,8 @@ def _vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
                 ):
                     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                     dims = inits[node.input[0]].dims
-                    size = int(dims[axis]) if dims else 0
+                    # An axis past the table's rank is the model's error, which onnxruntime reports.
+                    size = int(dims[axis]) if dims and -len(dims) <= axis < len(dims) else 0
                     if size:
                         sizes[vi.name] = min(sizes.get(vi.name, size), size)
                 elif node.op_type in _ID_PASSTHROUGH and node.input and node.input[0] == name:
