@@ -149,24 +149,22 @@ class NumericFacts:
         holder = self._weight_table().get(name)
         if holder is None:
             return None
-        values = self._values(holder)
-        if values is None:
-            return None
-        finite = np.abs(values[np.isfinite(values)])
-        self._weight_max[name] = found = float(finite.max()) if finite.size else 0.0
+        found = self._max_of(holder)
+        if found is not None:
+            self._weight_max[name] = found
         return found
 
-    def _values(self, holder: TensorProto | NodeProto) -> np.ndarray | None:
+    def _max_of(self, holder: TensorProto | NodeProto) -> float | None:
         if isinstance(holder, TensorProto):
-            return np.asarray(self.source.read(holder), dtype=np.float32).reshape(-1)
+            return self.source.max_finite_abs(holder)
         attr_name = SOURCE_VALUE_ATTRIBUTES[holder.op_type]
         for attr in holder.attribute:
             if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
-                if attr.t.data_type != _F32:
-                    return None
-                return np.asarray(self.source.read(attr.t), dtype=np.float32).reshape(-1)
+                return self.source.max_finite_abs(attr.t) if attr.t.data_type == _F32 else None
             if attr.name in ("value_float", "value_floats"):
-                return np.asarray([attr.f] if attr.name == "value_float" else list(attr.floats), dtype=np.float32)
+                values = np.asarray([attr.f] if attr.name == "value_float" else list(attr.floats), dtype=np.float32)
+                finite = np.abs(values[np.isfinite(values)])
+                return float(finite.max()) if finite.size else 0.0
         return None
 
     def past_range(self, name: str, precision: Precision) -> float | None:

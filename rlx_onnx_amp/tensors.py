@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -271,11 +272,40 @@ class WeightSource:
         array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
         return array.reshape(tuple(tensor.dims))
 
+    def max_finite_abs(self, tensor: TensorProto) -> float:
+        """The largest finite magnitude of a float32 tensor (0.0: none), read in chunks of
+        `CHUNK_ELEMENTS`: a scan of every weight costs one chunk of memory, not one tensor."""
+        if not is_external(tensor):
+            return _max_finite_abs(self.read(tensor).reshape(-1))
+        path, offset, _ = self.span(tensor)
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        best = 0.0
+        for first in range(0, count, CHUNK_ELEMENTS):
+            n = min(CHUNK_ELEMENTS, count - first)
+            chunk = np.fromfile(path, dtype=np.float32, count=n, offset=offset + first * 4)
+            best = max(best, _max_finite_abs(chunk))
+        return best
+
     def read_bytes(self, tensor: TensorProto) -> bytes:
         path, offset, length = self.span(tensor)
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(length)
+
+
+def _max_finite_abs(values: np.ndarray) -> float:
+    """The largest finite magnitude of float32 values: one pass of abs and max per chunk, and
+    only a chunk holding Inf or NaN (whose max is not finite) is filtered."""
+    result = 0.0
+    flat = values.reshape(-1)
+    for first in range(0, flat.size, CHUNK_ELEMENTS):
+        chunk = np.abs(flat[first : first + CHUNK_ELEMENTS], dtype=np.float32)
+        top = float(chunk.max(initial=0.0))
+        if not math.isfinite(top):
+            finite = chunk[np.isfinite(chunk)]
+            top = float(finite.max(initial=0.0))
+        result = max(result, top)
+    return result
 
 
 #: Bits per element of the packed sub-byte types.

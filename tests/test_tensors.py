@@ -91,3 +91,24 @@ def test_many_small_constants_clamp_and_count_like_one() -> None:
     for init, original in zip(converted.graph.initializer, inits):
         assert init.data_type == TensorProto.FLOAT16
         assert np.array_equal(numpy_helper.to_array(init), narrow(numpy_helper.to_array(original), Precision.F16)[0])
+
+
+def test_the_largest_finite_magnitude_reads_in_chunks(tmp_path, monkeypatch) -> None:
+    """WeightSource.max_finite_abs (rule weight-range's scan): Inf and NaN are left out, the
+    sign is not, and an external tensor read chunk by chunk gives what the whole array gives."""
+    import rlx_onnx_amp.tensors as tensors_module
+    from rlx_onnx_amp.tensors import WeightSource
+
+    monkeypatch.setattr(tensors_module, "CHUNK_ELEMENTS", 7)
+    values = np.random.default_rng(2).standard_normal(100).astype(np.float32)
+    values[[3, 50, 97]] = [np.inf, np.nan, -np.inf]
+    values[61] = -70000.0
+    inline = numpy_helper.from_array(values, "w")
+    assert WeightSource(None).max_finite_abs(inline) == 70000.0
+    (tmp_path / "w.data").write_bytes(b"\0" * 64 + values.tobytes())
+    external = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[100], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "w.data"), ("offset", "64"), ("length", "400")):
+        entry = external.external_data.add()
+        entry.key, entry.value = key, value
+    assert WeightSource(tmp_path).max_finite_abs(external) == 70000.0
+    assert WeightSource(None).max_finite_abs(numpy_helper.from_array(np.array([np.nan, np.inf], np.float32))) == 0.0
