@@ -7,15 +7,19 @@ from rlx_onnx_amp.verification.compare import PROVIDERS, VerifyOptions, resolve_
 from rlx_onnx_amp.verification.core import VerifyReport, verify
 from rlx_onnx_amp.verification.inputs import InputSpec
 from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 
 __all__ = [
     "PROVIDERS",
     "InputSpec",
     "OutputDrift",
+    "Reference",
+    "ReferenceUnavailable",
     "Tolerance",
     "VerifyOptions",
     "VerifyReport",
     "compare_arrays",
+    "prepare_reference",
     "resolve_provider",
     "verify",
 ]
