@@ -45,6 +45,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _F32 = TensorProto.FLOAT
+#: Exponent types whose values a Pow's singularity check reads.
+_NUMERIC_EXPONENTS = frozenset(
+    {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64}
+)
 
 #: Ops whose integer output is an accumulator (sums of products of 8-bit values: 1e5 and
 #: more); the float arithmetic that dequantizes it belongs to the quantized region.
@@ -114,6 +118,7 @@ class NumericFacts:
         self._graph_of: dict[str, GraphProto] = {}
         self._consumers: dict[int, dict[str, list[tuple[NodeProto, int]]]] = {}
         self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
+        self._singular: frozenset[str] | None = None
         self.has_accumulators = _holds_ops(model.graph, {op for _, op in INTEGER_ACCUMULATORS})
         #: Values that DynamicQuantizeLinear quantizes at run time: their producers belong to the
         #: quantized region (a value rounded to f16 first lands in other quantization bins).
@@ -171,6 +176,39 @@ class NumericFacts:
         """The weight's largest finite magnitude when it passes `precision`'s range, else None."""
         found = self.weight_max(name)
         return found if found is not None and found > precision.info.max_finite else None
+
+    def singular_inputs(self, node: NodeProto) -> tuple[int, ...]:
+        """The inputs of `node` where a zero is singular (`ZERO_SINGULAR_INPUTS`); a Pow's
+        base only when its exponent is not a weight known to hold no negative value (x**2 of
+        an RMSNorm is 0 at 0, nothing singular)."""
+        found = ZERO_SINGULAR_INPUTS.get(node.op_type, ()) if node.domain in DEFAULT_DOMAINS else ()
+        if found and node.op_type == "Pow" and len(node.input) > 1 and self._nonnegative(node.input[1]):
+            return ()
+        return found
+
+    def singular_reads(self) -> frozenset[str]:
+        """Every value some node reads where zero is singular."""
+        if self._singular is None:
+            self._singular = frozenset(
+                node.input[k]
+                for graph in _graphs(self.model.graph)
+                for node in graph.node
+                for k in self.singular_inputs(node)
+                if k < len(node.input) and node.input[k]
+            )
+        return self._singular
+
+    def _nonnegative(self, name: str) -> bool:
+        holder = self._weight_table().get(name)
+        if holder is None:
+            for graph in _graphs(self.model.graph):  # an integer or double exponent: any initializer
+                holder = next((t for t in graph.initializer if t.name == name), None)
+                if holder is not None:
+                    break
+        if isinstance(holder, TensorProto) and holder.data_type in _NUMERIC_EXPONENTS:
+            values = np.asarray(self.source.read(holder))
+            return bool(values.size) and bool(np.all(values >= 0))
+        return False
 
     # -- sentinels -------------------------------------------------------------------------
     def is_sentinel(self, name: str, precision: Precision) -> bool:

@@ -50,7 +50,7 @@ from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.passes import Pass, PassResult, run_passes
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, PRECISIONS, Precision, precision_of_elem_type
-from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, ZERO_SINGULAR_INPUTS, NumericFacts, ValueRange
+from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, NumericFacts, ValueRange
 from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, TypeGroup, signature
 from rlx_onnx_amp.taxonomy import (
@@ -453,7 +453,7 @@ def _range_screen(cv: DecidePass, f: _NodeFacts) -> str | None:
     # from a clamped mask sentinel are not screened: the candidate holds them clamped.
     assert f.target is not None
     ranges, numeric, target = cv.cx.options.value_ranges, cv.cx.numeric, f.target
-    singular = ZERO_SINGULAR_INPUTS.get(f.op, ()) if f.domain in DEFAULT_DOMAINS else ()
+    singular = numeric.singular_inputs(f.node)
     for k, name in enumerate(f.ins):
         seen = ranges.get(name) if name else None
         if seen is None or numeric.tainted(name, target):
@@ -468,7 +468,7 @@ def _range_screen(cv: DecidePass, f: _NodeFacts) -> str | None:
             continue
         if seen.overflows(target):
             return f"screen: makes {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
-        if name in cv.singular_reads and seen.flushes(target):
+        if name in numeric.singular_reads() and seen.flushes(target):
             return f"screen: makes {name!r}, read where zero is singular; its values flush to zero in {target.value}"
     return None
 
@@ -662,8 +662,6 @@ class DecidePass(Pass[Plan]):
             "range-screen": bool(options.value_ranges),
         }
         self.node_rules = tuple(r for r in _PER_NODE_RULES if active[r.code])
-        #: Values read where zero is singular (a divisor, a square root's input): rule range-screen.
-        self.singular_reads = _singular_reads(conversion.model) if options.value_ranges else frozenset()
         self.kind_precision = {k: policy.precision_for(k) for k in OpKind}
         self._lowerings: dict[tuple[object, ...], _Lowering] = {}
         self._templates: dict[tuple[object, ...], _Template] = {}
@@ -1308,7 +1306,7 @@ class EmitPass(Pass[Plan]):
         is_main = scope.parent is None
         count = len(scope.decisions)
         scope.positions = [_slot(i, _NODE) for i in range(count)]
-        back = self._rename_low_outputs(scope) if is_main else {}
+        back = self._rename_low_outputs(scope)
         orig_type = scope.orig.get if is_main else scope.orig_type
         idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
         for i, d in enumerate(scope.decisions):
@@ -1334,12 +1332,19 @@ class EmitPass(Pass[Plan]):
         self._run_batches()
 
     def _rename_low_outputs(self, scope: _Scope) -> dict[str, tuple[str, int]]:
-        """Main-graph outputs computed low are renamed at their producer; the Cast back takes
-        the original name (rule names-kept) and goes right after the producer: a consumer of
-        the output may follow it. Output name -> (its low name, the type it goes back to)."""
+        """Graph outputs computed low are renamed at their producer; the Cast back takes the
+        original name (rule names-kept) and goes right after the producer: a consumer of the
+        output may follow it. In a body too, whose outputs keep their types: an If branch's
+        output often has the name of the If's own output (optimum's merged decoders), and a
+        low value under that name would contradict the outer f32 one. Output name -> (its low
+        name, the type it goes back to)."""
         back: dict[str, tuple[str, int]] = {}
+        is_main = scope.parent is None
         for out in scope.graph.output:
-            want = out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None
+            if is_main:
+                want = out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None
+            else:
+                want = scope.orig_type(out.name)
             have = scope.storage_type(out.name)
             if want and _is_float(have) and have != want and out.name in scope.producer:
                 precision = precision_of_elem_type(have or 0)
@@ -1659,20 +1664,6 @@ def _default_opset_for(model: ModelProto, ml: int | None) -> int:
     ir = model.ir_version
     rows = [row for row in helper.VERSION_TABLE if row[1] <= ir and (ml is None or row[3] == ml)]
     return max((row[2] for row in rows), default=1)
-
-
-def _singular_reads(model: ModelProto) -> frozenset[str]:
-    """Values some node reads where zero is singular (`ranges.ZERO_SINGULAR_INPUTS`)."""
-    found: set[str] = set()
-    pending = [model.graph]
-    while pending:
-        graph = pending.pop()
-        for node in graph.node:
-            for k in ZERO_SINGULAR_INPUTS.get(node.op_type, ()) if node.domain in DEFAULT_DOMAINS else ():
-                if k < len(node.input) and node.input[k]:
-                    found.add(node.input[k])
-            pending.extend(body for _, body in subgraphs(node))
-    return frozenset(found)
 
 
 def _kernel_gap(node: NodeProto) -> str | None:

@@ -13,6 +13,7 @@ Two ways, the first tried first:
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -176,6 +177,63 @@ def structure_copy(model: ModelProto) -> ModelProto:
         else:
             graph.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
     return stub
+
+
+def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset()) -> int:
+    """Put `graph`'s nodes (and its bodies', at any depth) in an order where each node comes
+    after the producers of what it reads, its bodies' reads of this graph's values included;
+    the nodes already in order keep it. onnxruntime loads a model whose nodes are out of order
+    and the checker refuses it; the rewrite, which types values in node order, needs them in
+    order. Returns how many graphs were reordered; a graph whose reads cannot all be met (a
+    cycle, an undefined name) is left as it is, for the checker to name. onnx itself has no
+    sort over a GraphProto (onnx-ir sorts its own IR, which a round trip would re-serialize)."""
+    defined = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    nodes = list(graph.node)
+    needs = [_reads(node) for node in nodes]
+    reordered = 0
+    known = set(defined)
+    in_order = True
+    for node, reads in zip(nodes, needs):
+        if in_order and not reads <= known:
+            in_order = False
+        known.update(node.output)
+    if not in_order:
+        producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+        waits = [{producer[n] for n in reads if n in producer and n not in defined} for reads in needs]
+        readers: dict[int, list[int]] = {}
+        for i, deps in enumerate(waits):
+            for j in deps:
+                readers.setdefault(j, []).append(i)
+        ready = [i for i, deps in enumerate(waits) if not deps]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for k in readers.get(i, ()):
+                waits[k].discard(i)
+                if not waits[k]:
+                    heapq.heappush(ready, k)
+        if len(order) == len(nodes):
+            position = {i: rank for rank, i in enumerate(order)}
+            keys = iter([position[i] for i in range(len(nodes))])
+            graph.node.sort(key=lambda _: next(keys))
+            reordered += 1
+    names = frozenset(known)
+    for node in graph.node:
+        for _, body in subgraphs(node):
+            reordered += sort_topologically(body, names)
+    return reordered
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node reads: its inputs and what its bodies read from outside them."""
+    reads = set(node.input)
+    for _, body in subgraphs(node):
+        inside = {i.name for i in body.input} | {t.name for t in body.initializer}
+        inside |= {o for n in body.node for o in n.output}
+        reads |= names_read(body) - inside
+    return reads
 
 
 def names_read(graph: GraphProto) -> set[str]:

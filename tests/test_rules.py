@@ -340,3 +340,19 @@ def test_range_screen() -> None:
                                                        "Div": "range-screen"}
     assert report.decisions["0"] == "f16" and report.decisions["4"] == "f16"
     _same_numbers(model, out, feeds)
+
+
+@pytest.mark.parametrize(("exponent", "kept"), [(2.0, set()), (-0.5, {"Pow", "Relu"})])
+def test_range_screen_reads_a_pow_base_as_singular_only_under_a_negative_exponent(exponent: float, kept: set) -> None:
+    """x ** 2 of a value that flushes to zero in f16 is 0, nothing singular (an RMSNorm's
+    square); x ** -0.5 is Inf: that Pow and the Relu that makes its base stay f32."""
+    from rlx_onnx_amp.ranges import ValueRange
+
+    model = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pow", ["r", "e"], ["p"]),
+                    helper.make_node("Neg", ["p"], ["y"])], [X], [Y],
+                   [numpy_helper.from_array(np.array(exponent, np.float32), "e")])
+    ranges = {"r": ValueRange(1.0, 1e-9), "p": ValueRange(1.0, 1e-3), "y": ValueRange(1.0, 1e-3)}
+    report = ConversionReport()
+    convert(model, "always-f16", report=report, check_contracts=True, value_ranges=ranges)
+    assert {k.op for k in report.kept_f32} == kept
+    assert all(k.code == "range-screen" for k in report.kept_f32)
