@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 # Past this many weight bytes the output goes to external data even if the input had none:
 # a protobuf cannot hold 2 GiB.
 EXTERNAL_THRESHOLD = 1_800_000_000
+#: What one protobuf can hold, and so what onnx's checker and onnxruntime read from memory.
+_PROTOBUF_LIMIT = 2**31
 
 
 #: A custom policy's kind map: kinds and precisions as enums or as the CLI spells them.
@@ -177,10 +179,17 @@ def convert(
     kind_map: KindMap | None = None,
     report: ConversionReport | None = None,
     options: ConvertOptions | None = None,
+    check: bool = True,
     **option_kwargs: object,
 ) -> ModelProto:
     """Return a mixed-precision copy of `model` (a ModelProto or a path); the input is never
     modified. Pass `report=ConversionReport()` to receive the conversion report.
+
+    With `check` (the default) the result is proven as the CLI proves what it writes (`prove`:
+    onnx's full checker, or onnxruntime for an input the checker refuses): an input the
+    converter cannot make sound raises InputError with the CLI's message, never returns a
+    broken model. A result past 2 GiB (weights inline) cannot be checked in memory: use
+    `convert_file`.
 
     `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes,
     keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu"),
@@ -201,6 +210,10 @@ def convert(
     report = report if report is not None else ConversionReport()
     report.model = report.model or name
     convert_model(work, resolved, opts, source=source, sink=WeightSink(), report=report)
+    if check and work.ByteSize() < _PROTOBUF_LIMIT:
+        prove(work, model, report, name, name)  # a path: checked, and loaded, from its file
+    elif check:
+        logger.info("%s: %d bytes in memory, past what the checker reads: not checked", name, work.ByteSize())
     return work
 
 
@@ -328,7 +341,7 @@ def stage_conversion(
         # the two are never in memory together (a tensor reference keeps the whole model alive).
         del model, tensors, serialized, sink
         if check:
-            _check(staged_model, src, dst)
+            _check(staged_model, src, dst, report)
     except OSError as e:
         raise InputError(f"{dst}: cannot write output ({e.strerror or e})") from None
     outputs.model_uses(dst, data_names)
@@ -343,23 +356,59 @@ def stage_conversion(
 
 _CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError)
 
+#: A model in memory (a protobuf at most 2 GiB) or a model file.
+_Checkable = ModelProto | str | os.PathLike[str]
 
-def checker_failure(path: str | os.PathLike[str], limit: int = 1000) -> str | None:
+
+def checker_failure(model: _Checkable, limit: int = 1000) -> str | None:
     """The first line of what `onnx.checker.check_model(full_check=True)` says against a model
-    file, or None when it passes: how a failure is told to be the input's or ours."""
+    file (or a model in memory), or None when it passes: how a failure is told to be the
+    input's or ours."""
     try:
-        onnx.checker.check_model(str(path), full_check=True)
+        onnx.checker.check_model(model if isinstance(model, ModelProto) else str(model), full_check=True)
     except Exception as e:
         return first_line(e, limit)
     return None
 
 
-def _check(staged: Path, src: Path, dst: Path) -> None:
+def onnxruntime_failure(model: _Checkable, limit: int = 400) -> str | None:
+    """Why onnxruntime's CPU provider cannot load a model, or None when it loads."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.add_session_config_entry("session.disable_prepacking", "1")
     try:
-        onnx.checker.check_model(str(staged), full_check=True)
-    except _CHECK_ERRORS as e:
-        first = checker_failure(src)
-        if first is not None:
-            raise InputError(f"{src}: the input model fails onnx.checker ({first}); nothing written") from None
-        # The input was valid, so this is our bug: say so, with the checker's words.
-        raise AmpError(f"{dst}: the converted model fails onnx.checker; nothing written ({e})") from None
+        source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
+        ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        return first_line(e, limit)
+    return None
+
+
+def prove(output: _Checkable, source: _Checkable, report: ConversionReport, source_label: str, label: str) -> None:
+    """The proof that a converted model is sound, in `report.proof`: onnx's full checker
+    passes on it; or, for an input the checker refuses (onnxruntime's own ops in the default
+    domain, as onnxruntime-genai's builder writes them), onnxruntime loads the input and the
+    output alike. Anything else is bad input (InputError) or a bug of ours (AmpError)."""
+    found = checker_failure(output)
+    if found is None:
+        report.proof = "onnx.checker"
+        return
+    first = checker_failure(source)
+    if first is None:  # the input was valid, so this is our bug: say so, with the checker's words
+        raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
+    if onnxruntime_failure(source) is not None:
+        raise InputError(f"{source_label}: the input model fails onnx.checker ({first}); nothing written")
+    output_not_loaded = onnxruntime_failure(output)
+    if output_not_loaded is not None:
+        raise AmpError(
+            f"{label}: the input fails onnx.checker but loads in onnxruntime, and the converted model does not "
+            f"({output_not_loaded}); nothing written"
+        )
+    report.proof = f"onnxruntime loads it (the input fails onnx.checker: {first})"
+    logger.info("%s: %s", label, report.proof)
+
+
+def _check(staged: Path, src: Path, dst: Path, report: ConversionReport) -> None:
+    prove(staged, src, report, str(src), str(dst))

@@ -30,16 +30,18 @@ from onnx import GraphProto, NodeProto, TensorProto
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.tensors import WeightSource
-from rlx_onnx_amp.types import names_read, subgraphs
+from rlx_onnx_amp.types import names_read, scoped_graphs, subgraphs
 
 __all__ = [
     "INTEGER_ACCUMULATORS",
+    "MASK_ENDS",
     "MASK_PATH_OPS",
     "MASK_READERS",
     "MASK_SINKS",
     "ZERO_SINGULAR_INPUTS",
     "NumericFacts",
     "ValueRange",
+    "scoped_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,7 +67,12 @@ MASK_SINKS: frozenset[str] = frozenset({"Softmax", "LogSoftmax"})
 MASK_READERS: frozenset[str] = frozenset({"Where", "Min", "Max"})
 #: Ops a mask passes through on its way to a sink: its arithmetic ((1 - m) * -1e9) and data
 #: movement (Unsqueeze, Expand, ...: `taxonomy.VALUE_EXACT_OPS`).
-MASK_PATH_OPS: frozenset[str] = frozenset({"Add", "Sub", "Mul", "Neg", "Cast", "Tile", "Where", "Min", "Max"})
+MASK_PATH_OPS: frozenset[str] = frozenset(
+    {"Add", "Sub", "Mul", "Neg", "Cast", "Tile", "Trilu", "Where", "Min", "Max", "ScatterND", "ScatterElements"}
+)
+#: Readers where a mask's path may end: they read its shape only, or compare it (`mask ==
+#: min`, as transformers builds masks: a clamped sentinel equals the clamped constant it came from).
+MASK_ENDS: frozenset[str] = frozenset({"Shape", "Size", "Equal"})
 #: Arithmetic where two sentinels meeting give a value past the range again.
 _COMBINING_OPS = frozenset({"Add", "Sub", "Mul"})
 
@@ -106,8 +113,16 @@ class ValueRange:
         return self.min_nonzero < precision.info.smallest_subnormal / 2
 
 
+def scoped_name(scope: str, name: str) -> str:
+    """How the facts and `ConvertOptions.value_ranges` key a value: its name, after the path of
+    the body that defines it ("3/then_branch/"; "" in the main graph). If branches may reuse a
+    name for another value (optimum's merged decoders copy one decoder into both)."""
+    return scope + name
+
+
 class NumericFacts:
-    """The facts of one model that the numeric keep rules read, each computed on first use."""
+    """The facts of one model that the numeric keep rules read, each computed on first use.
+    Values are keyed by `scoped_name`."""
 
     def __init__(self, model: onnx.ModelProto, source: WeightSource, value_ranges: Mapping[str, ValueRange]) -> None:
         self.model = model
@@ -115,7 +130,7 @@ class NumericFacts:
         self.value_ranges = value_ranges
         self._weights: dict[str, TensorProto | NodeProto] | None = None
         self._weight_max: dict[str, float] = {}
-        self._graph_of: dict[str, GraphProto] = {}
+        self._scope_of: dict[str, str] = {}  # weight key -> the path of the graph holding it
         self._consumers: dict[int, dict[str, list[tuple[NodeProto, int]]]] = {}
         self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
         self._singular: frozenset[str] | None = None
@@ -123,40 +138,40 @@ class NumericFacts:
         #: Values that DynamicQuantizeLinear quantizes at run time: their producers belong to the
         #: quantized region (a value rounded to f16 first lands in other quantization bins).
         self.quantized_at_run_time: frozenset[str] = frozenset(
-            node.input[0]
-            for g in (_graphs(model.graph) if self.has_accumulators else ())
+            scoped_name(path, node.input[0])
+            for path, g in (scoped_graphs(model.graph) if self.has_accumulators else ())
             for node in g.node
             if node.op_type in RUNTIME_SCALES and node.domain in DEFAULT_DOMAINS and node.input
         )
 
     # -- weights ---------------------------------------------------------------------------
     def _weight_table(self) -> dict[str, TensorProto | NodeProto]:
-        """Float weights by name: initializers and Constant-like nodes, bodies included."""
+        """Float weights by key: initializers and Constant-like nodes, bodies included."""
         if self._weights is None:
             table: dict[str, TensorProto | NodeProto] = {}
-            for graph in _graphs(self.model.graph):
+            for path, graph in scoped_graphs(self.model.graph):
                 for init in graph.initializer:
                     if init.data_type == _F32:
-                        table[init.name] = init
-                        self._graph_of[init.name] = graph
+                        table[scoped_name(path, init.name)] = init
+                        self._scope_of[scoped_name(path, init.name)] = path
                 for node in graph.node:
                     if node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS and node.output:
-                        table[node.output[0]] = node
-                        self._graph_of[node.output[0]] = graph
+                        table[scoped_name(path, node.output[0])] = node
+                        self._scope_of[scoped_name(path, node.output[0])] = path
             self._weights = table
         return self._weights
 
-    def weight_max(self, name: str) -> float | None:
-        """The largest finite magnitude of the float weight `name`; None when it is no weight."""
-        found = self._weight_max.get(name)
+    def weight_max(self, key: str) -> float | None:
+        """The largest finite magnitude of the float weight `key`; None when it is no weight."""
+        found = self._weight_max.get(key)
         if found is not None:
             return found
-        holder = self._weight_table().get(name)
+        holder = self._weight_table().get(key)
         if holder is None:
             return None
         found = self._max_of(holder)
         if found is not None:
-            self._weight_max[name] = found
+            self._weight_max[key] = found
         return found
 
     def _max_of(self, holder: TensorProto | NodeProto) -> float | None:
@@ -172,51 +187,49 @@ class NumericFacts:
                 return float(finite.max()) if finite.size else 0.0
         return None
 
-    def past_range(self, name: str, precision: Precision) -> float | None:
+    def past_range(self, key: str, precision: Precision) -> float | None:
         """The weight's largest finite magnitude when it passes `precision`'s range, else None."""
-        found = self.weight_max(name)
+        found = self.weight_max(key)
         return found if found is not None and found > precision.info.max_finite else None
 
-    def singular_inputs(self, node: NodeProto) -> tuple[int, ...]:
+    def singular_inputs(self, node: NodeProto, scope: str = "") -> tuple[int, ...]:
         """The inputs of `node` where a zero is singular (`ZERO_SINGULAR_INPUTS`); a Pow's
         base only when its exponent is not a weight known to hold no negative value (x**2 of
         an RMSNorm is 0 at 0, nothing singular)."""
         found = ZERO_SINGULAR_INPUTS.get(node.op_type, ()) if node.domain in DEFAULT_DOMAINS else ()
-        if found and node.op_type == "Pow" and len(node.input) > 1 and self._nonnegative(node.input[1]):
+        if found and node.op_type == "Pow" and len(node.input) > 1 and self._nonnegative(scope, node.input[1]):
             return ()
         return found
 
     def singular_reads(self) -> frozenset[str]:
-        """Every value some node reads where zero is singular."""
+        """Every value (key) some node of its own graph reads where zero is singular."""
         if self._singular is None:
             self._singular = frozenset(
-                node.input[k]
-                for graph in _graphs(self.model.graph)
+                scoped_name(path, node.input[k])
+                for path, graph in scoped_graphs(self.model.graph)
                 for node in graph.node
-                for k in self.singular_inputs(node)
+                for k in self.singular_inputs(node, path)
                 if k < len(node.input) and node.input[k]
             )
         return self._singular
 
-    def _nonnegative(self, name: str) -> bool:
-        holder = self._weight_table().get(name)
-        if holder is None:
-            for graph in _graphs(self.model.graph):  # an integer or double exponent: any initializer
-                holder = next((t for t in graph.initializer if t.name == name), None)
-                if holder is not None:
-                    break
+    def _nonnegative(self, scope: str, name: str) -> bool:
+        holder = self._weight_table().get(scoped_name(scope, name)) or self._weight_table().get(name)
+        if holder is None:  # an integer or double exponent: any initializer of that name
+            inits = (t for _, g in scoped_graphs(self.model.graph) for t in g.initializer)
+            holder = next((t for t in inits if t.name == name), None)
         if isinstance(holder, TensorProto) and holder.data_type in _NUMERIC_EXPONENTS:
             values = np.asarray(self.source.read(holder))
             return bool(values.size) and bool(np.all(values >= 0))
         return False
 
     # -- sentinels -------------------------------------------------------------------------
-    def is_sentinel(self, name: str, precision: Precision) -> bool:
-        return name in self._sentinel_sets(precision)[0]
+    def is_sentinel(self, key: str, precision: Precision) -> bool:
+        return key in self._sentinel_sets(precision)[0]
 
-    def tainted(self, name: str, precision: Precision) -> bool:
-        """Whether `name` is computed from a clamped mask sentinel (or is one)."""
-        return name in self._sentinel_sets(precision)[1]
+    def tainted(self, key: str, precision: Precision) -> bool:
+        """Whether value `key` is computed from a clamped mask sentinel (or is one)."""
+        return key in self._sentinel_sets(precision)[1]
 
     def _sentinel_sets(self, precision: Precision) -> tuple[frozenset[str], frozenset[str]]:
         found = self._sentinels.get(precision)
@@ -225,14 +238,15 @@ class NumericFacts:
         return found
 
     def _find_sentinels(self, precision: Precision) -> tuple[frozenset[str], frozenset[str]]:
-        """(sentinel weights, the values computed from them) for one precision."""
+        """(sentinel weights, the values computed from them) for one precision, as keys."""
         sentinels: set[str] = set()
         tainted: set[str] = set()
-        for graph in _graphs(self.model.graph):
+        table = self._weight_table()
+        for path, graph in scoped_graphs(self.model.graph):
             consumers = self._consumers_of(graph)
             outputs = {o.name for o in graph.output} | _read_in_bodies(graph)
-            names = [n for n in self._weight_table() if self._graph_of.get(n) is graph]
-            candidates = [n for n in names if self.past_range(n, precision) is not None]
+            names = [key[len(path) :] for key in table if self._scope_of[key] == path]
+            candidates = [n for n in names if self.past_range(scoped_name(path, n), precision) is not None]
             reached: dict[str, list[str]] = {}  # value -> the candidates it is computed from
             closures: dict[str, set[str]] = {}
             for name in candidates:
@@ -244,8 +258,8 @@ class NumericFacts:
             met = _meeting(closures, reached, consumers)
             for name, closure in closures.items():
                 if name not in met:
-                    sentinels.add(name)
-                    tainted |= closure
+                    sentinels.add(scoped_name(path, name))
+                    tainted |= {scoped_name(path, value) for value in closure}
         if sentinels:
             logger.debug("mask sentinels (clamped to %s): %s", precision.value, sorted(sentinels))
         return frozenset(sentinels), frozenset(tainted)
@@ -280,7 +294,7 @@ def _mask_closure(
         for node, k in consumers.get(value, ()):
             op = node.op_type
             through = node.domain in DEFAULT_DOMAINS and (op in MASK_PATH_OPS or copies_values(node.domain, op))
-            if node.domain in DEFAULT_DOMAINS and op in MASK_SINKS:
+            if node.domain in DEFAULT_DOMAINS and (op in MASK_SINKS or op in MASK_ENDS):
                 continue
             if not through or (op == "Where" and k == 0):
                 if decides:

@@ -56,7 +56,7 @@ from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.types import model_types, names_read, subgraphs
+from rlx_onnx_amp.types import model_types, names_read, scoped_graphs, subgraphs
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Scratch,
@@ -193,7 +193,7 @@ def magnitude_screen(
     del session
     screen = Screen()
     producers: set[str] = set()
-    for scope, graph in _scopes(model):
+    for scope, graph in scoped_graphs(model.graph):
         producer = {o: f"{scope}{i}" for i, n in enumerate(graph.node) for o in n.output}
         consumers: dict[str, list[tuple[int, int]]] = {}
         for i, node in enumerate(graph.node):
@@ -286,20 +286,6 @@ def _rounding_loss(values: np.ndarray, info: PrecisionInfo) -> float:
     return loss / info.unit_roundoff
 
 
-def _scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.GraphProto]]:
-    """Every graph with its scope path ("" for the main graph, "3/body/" for a body)."""
-    found = []
-
-    def walk(graph: onnx.GraphProto, scope: str) -> None:
-        found.append((scope, graph))
-        for i, node in enumerate(graph.node):
-            for key, body in subgraphs(node):
-                walk(body, f"{scope}{i}/{key}/")
-
-    walk(model.graph, "")
-    return found
-
-
 class _Evaluator:
     """Converts the reference with a set of kept node paths and measures the drift against
     reference outputs computed once."""
@@ -327,7 +313,9 @@ class _Evaluator:
         """(passed, score, report); score: the worst output's `OutputDrift.score`."""
         self.evaluations += 1
         report = ConversionReport()
-        candidate = convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report)
+        # Not proven here: onnxruntime loads (or emulates) it next, and the model written is
+        # staged and proven as any conversion is.
+        candidate = convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report, check=False)
         self.compared = None  # release the previous candidate's session first
         compared = open_compared(
             self.model, None, candidate, None, self.provider, self.verify_options.emulate, self.tmp, "candidate"

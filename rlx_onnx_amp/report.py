@@ -89,6 +89,9 @@ class ConversionReport:
     repair: dict[str, Any] | None = None
     #: Why a conversion that verifies by default was written unverified (exit 4), or None.
     unverified: str | None = None
+    #: What proved the output sound: "onnx.checker", or onnxruntime loading input and output
+    #: alike where the input fails the checker (`api.prove`); None when nothing was checked.
+    proof: str | None = None
 
     def count_node(self, kind: OpKind | None, op: str, precision: str | None, count: int = 1) -> None:
         key = precision or "none"
@@ -125,6 +128,8 @@ class ConversionReport:
             data["verify"] = self.verify
         if self.unverified is not None:
             data["unverified"] = self.unverified
+        if self.proof is not None:
+            data["proof"] = self.proof
         if self.repair is not None:
             data["repair"] = self.repair
         return data

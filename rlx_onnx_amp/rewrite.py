@@ -50,7 +50,7 @@ from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.passes import Pass, PassResult, run_passes
 from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, PRECISIONS, Precision, precision_of_elem_type
-from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, NumericFacts, ValueRange
+from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, NumericFacts, ValueRange, scoped_name
 from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, TypeGroup, signature
 from rlx_onnx_amp.taxonomy import (
@@ -91,6 +91,7 @@ from rlx_onnx_amp.types import (
     names_read,
     opset_versions,
     schema_output_types,
+    sort_topologically,
     subgraphs,
 )
 
@@ -418,7 +419,7 @@ def _dequantize_arithmetic(cv: DecidePass, f: _NodeFacts) -> str | None:
     assert f.scope is not None
     quantized = cv.cx.numeric.quantized_at_run_time
     for name in f.outs:
-        if name in quantized:
+        if scoped_name(f.scope.path, name) in quantized:
             return f"dequantize: makes {name!r}, which DynamicQuantizeLinear quantizes (rounding it moves the bins)"
     for name in f.ins:
         owner = f.scope.owner(name) if name else None
@@ -438,37 +439,46 @@ def _weight_range(cv: DecidePass, f: _NodeFacts) -> str | None:
     """It reads a weight past its precision's range that is no mask sentinel (`ranges.NumericFacts.is_sentinel`)."""
     # Clamping a 1e7 running variance to 65504 would rescale what the node computes; clamping an
     # additive -1e9 attention mask changes nothing a Softmax gives.
-    assert f.target is not None
+    assert f.target is not None and f.scope is not None
     numeric = cv.cx.numeric
     for name in f.ins:
-        worst = numeric.past_range(name, f.target) if name else None
-        if worst is not None and not numeric.is_sentinel(name, f.target):
+        key = _key(f.scope, name) if name else ""
+        worst = numeric.past_range(key, f.target) if name else None
+        if worst is not None and not numeric.is_sentinel(key, f.target):
             return f"weight: {name!r} holds {worst:.4g}, past {f.target.value}'s {f.target.info.max_finite:g}"
     return None
+
+
+def _key(scope: _Scope, name: str) -> str:
+    """`ranges.scoped_name` of a value a node of `scope` reads: keyed by the scope defining it."""
+    owner = scope.owner(name)
+    return scoped_name(owner.path if owner is not None else "", name)
 
 
 def _range_screen(cv: DecidePass, f: _NodeFacts) -> str | None:
     """On the reference run it makes or reads values past its precision's range, or flushing where zero is singular."""
     # `ConvertOptions.value_ranges`, from one f32 run (`verification.reference`); values computed
     # from a clamped mask sentinel are not screened: the candidate holds them clamped.
-    assert f.target is not None
+    assert f.target is not None and f.scope is not None
     ranges, numeric, target = cv.cx.options.value_ranges, cv.cx.numeric, f.target
-    singular = numeric.singular_inputs(f.node)
+    singular = numeric.singular_inputs(f.node, f.scope.path)
     for k, name in enumerate(f.ins):
-        seen = ranges.get(name) if name else None
-        if seen is None or numeric.tainted(name, target):
+        key = _key(f.scope, name) if name else ""
+        seen = ranges.get(key) if name else None
+        if seen is None or numeric.tainted(key, target):
             continue
         if seen.overflows(target):
             return f"screen: reads {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
         if k in singular and seen.flushes(target):
             return f"screen: reads {name!r} where zero is singular, and its values flush to zero in {target.value}"
     for name in f.outs:
-        seen = ranges.get(name) if name else None
-        if seen is None or numeric.tainted(name, target):
+        key = scoped_name(f.scope.path, name)
+        seen = ranges.get(key) if name else None
+        if seen is None or numeric.tainted(key, target):
             continue
         if seen.overflows(target):
             return f"screen: makes {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
-        if name in numeric.singular_reads() and seen.flushes(target):
+        if key in numeric.singular_reads() and seen.flushes(target):
             return f"screen: makes {name!r}, read where zero is singular; its values flush to zero in {target.value}"
     return None
 
@@ -1179,6 +1189,7 @@ class EmitPass(Pass[Plan]):
     def __init__(self, conversion: _Conversion) -> None:
         self.cx = conversion
         self.fixed: dict[str, int] = {}
+        self._output_types: dict[str, int] = {}  # main-graph outputs cast to another type at the end
         # Small float tensors are narrowed together at the end (one numpy pass per precision).
         self.batching = conversion.sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
         self._batches: dict[Precision, NarrowBatch] = {}
@@ -1249,7 +1260,7 @@ class EmitPass(Pass[Plan]):
                 return result
         precision = precision_of_elem_type(want)
         assert precision is not None
-        if producer is None and have == _F32 and self.cx.numeric.past_range(name, precision) is not None:
+        if producer is None and have == _F32 and self.cx.numeric.past_range(scoped_name(owner.path, name), precision):
             # An f32 weight past the low range, read low here (a mask sentinel: rule weight-range
             # keeps other readers f32): a Cast would make Inf of it, a narrowed copy clamps it.
             copy = self._narrowed_copy(owner, name, want)
@@ -1307,6 +1318,8 @@ class EmitPass(Pass[Plan]):
         count = len(scope.decisions)
         scope.positions = [_slot(i, _NODE) for i in range(count)]
         back = self._rename_low_outputs(scope)
+        if is_main:
+            self._output_types = {name: want for name, (_, want) in back.items()}
         orig_type = scope.orig.get if is_main else scope.orig_type
         idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
         for i, d in enumerate(scope.decisions):
@@ -1340,9 +1353,10 @@ class EmitPass(Pass[Plan]):
         name, the type it goes back to)."""
         back: dict[str, tuple[str, int]] = {}
         is_main = scope.parent is None
+        body_types = self._body_output_types(scope) if is_main and not self.cx.options.keep_io_types else {}
         for out in scope.graph.output:
             if is_main:
-                want = out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None
+                want = out.type.tensor_type.elem_type if self.cx.options.keep_io_types else body_types.get(out.name)
             else:
                 want = scope.orig_type(out.name)
             have = scope.storage_type(out.name)
@@ -1367,6 +1381,28 @@ class EmitPass(Pass[Plan]):
             if resolved != name:
                 node.input[k] = resolved
                 self.cx.edits += 1
+
+    def _body_output_types(self, main: _Scope) -> dict[str, int]:
+        """Without keep_io_types, the low type a main-graph output made by If/Loop/Scan takes:
+        the one its bodies compute it in (the node's interface stays f32, rule control-flow),
+        where every body agrees on one low type."""
+        outputs = {o.name for o in main.graph.output}
+        found: dict[str, int] = {}
+        for i, d in enumerate(main.decisions):
+            bodies = main.children.get(i)
+            if not bodies or d.code != "control-flow" or d.domain not in DEFAULT_DOMAINS:
+                continue
+            skip = 1 if d.op == "Loop" else 0  # a Loop body's first output is its condition
+            for k, name in enumerate(d.outputs):
+                if name not in outputs or main.storage_type(name) != _F32:
+                    continue
+                types = set()
+                for body in bodies:
+                    inner = body.graph.output[k + skip].name if k + skip < len(body.graph.output) else None
+                    types.add(body.storage_type(inner) if inner else None)
+                if len(types) == 1 and (low := types.pop()) in LOW_TYPES:
+                    found[name] = low
+        return found
 
     def _rename_outputs(self, scope: _Scope, i: int, d: NodeDecision, back: dict[str, tuple[str, int]]) -> None:
         """Node i's renamed outputs, and the Cast back to a graph output it computes low."""
@@ -1523,7 +1559,7 @@ class EmitPass(Pass[Plan]):
                 self._retype(vi, elem)
         if scope.parent is None and not self.cx.options.keep_io_types:
             for vi in (*graph.input, *graph.output):
-                elem = scope.storage_type(vi.name)
+                elem = self._output_types.get(vi.name) or scope.storage_type(vi.name)
                 if elem and vi.type.HasField("tensor_type") and _is_float(elem):
                     self._retype(vi, elem)
         # IR < 4: initializers are also graph inputs; their declaration follows the weight.
@@ -1739,6 +1775,12 @@ def _plan(
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
     conversion = _Conversion(model, policy, options, source, sink, report, weights, progress)
+    # The passes type values in node order: nodes out of order (onnxruntime loads such a model,
+    # the checker does not) are put in order first, and the report counts it as a change.
+    reordered = sort_topologically(model.graph)
+    if reordered:
+        logger.info("%d graphs had nodes out of topological order: sorted", reordered)
+        conversion.edits += reordered
     return Plan(model), (DecidePass(conversion), StorePass(conversion), EmitPass(conversion))
 
 

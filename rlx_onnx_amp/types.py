@@ -118,6 +118,21 @@ def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
     return found
 
 
+def scoped_graphs(graph: GraphProto) -> list[tuple[str, GraphProto]]:
+    """Every graph with its scope path ("" for the main graph, "3/body/" for the body of node
+    3), outer graphs first: the keys of `model_types`."""
+    found = []
+
+    def walk(g: GraphProto, scope: str) -> None:
+        found.append((scope, g))
+        for i, node in enumerate(g.node):
+            for key, body in subgraphs(node):
+                walk(body, f"{scope}{i}/{key}/")
+
+    walk(graph, "")
+    return found
+
+
 def all_graphs(graph: GraphProto) -> list[GraphProto]:
     """`graph` and every body nested in it, outer graphs first."""
     return [g for g, _ in _graphs_and_tensor_holders(graph)]
@@ -214,7 +229,7 @@ def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset()) -
                 waits[k].discard(i)
                 if not waits[k]:
                     heapq.heappush(ready, k)
-        if len(order) == len(nodes):
+        if len(order) == len(nodes) and order != sorted(order):
             position = {i: rank for rank, i in enumerate(order)}
             keys = iter([position[i] for i in range(len(nodes))])
             graph.node.sort(key=lambda _: next(keys))
@@ -230,8 +245,10 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     """The names a node reads: its inputs and what its bodies read from outside them."""
     reads = set(node.input)
     for _, body in subgraphs(node):
-        inside = {i.name for i in body.input} | {t.name for t in body.initializer}
-        inside |= {o for n in body.node for o in n.output}
+        inside: set[str] = set()
+        for graph in all_graphs(body):  # what the body and its own bodies define
+            inside |= {i.name for i in graph.input} | {t.name for t in graph.initializer}
+            inside |= {o for n in graph.node for o in n.output}
         reads |= names_read(body) - inside
     return reads
 

@@ -167,7 +167,8 @@ def test_no_schema() -> None:
     # Gelu arrived in opset 20: at 17 nothing says what it admits (and onnxruntime cannot load it).
     model = _model([helper.make_node("Gelu", ["x"], ["y"])], [X], [Y], opset=17)
     report = ConversionReport()
-    convert(model, "always-f16", report=report)
+    # Neither the checker nor onnxruntime takes this model: convert() would refuse it (InputError).
+    convert(model, "always-f16", report=report, check=False)
     assert {k.op: k.code for k in report.kept_f32} == {"Gelu": "no-schema"}
 
 

@@ -25,7 +25,7 @@ from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verification.inputs import InputSpec, check_feeds, load_inputs, synthesize
+from rlx_onnx_amp.verification.inputs import InputSpec, check_feeds, load_inputs, synthesized_sets
 from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
 
 __all__ = [
@@ -415,10 +415,7 @@ def run_each(
 def input_sets(model: onnx.ModelProto, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
     """The input sets a verification runs: the user's file, or seeded synthesis; checked
     against the model before anything runs."""
-    if options.inputs:
-        samples = load_inputs(options.inputs, model)
-    else:
-        samples = [synthesize(model, options.spec, k) for k in range(max(options.spec.samples, 1))]
+    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec)
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples
 

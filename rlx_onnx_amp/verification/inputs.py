@@ -181,6 +181,27 @@ def synthesized_inputs_error(error: ModelRunError, model: onnx.ModelProto, spec:
     )
 
 
+def branch_conditions(model: onnx.ModelProto) -> list[str]:
+    """Bool scalar graph inputs that an If reads as its condition (optimum's `use_cache_branch`):
+    the synthesized input sets take both values, so both branches are verified."""
+    inputs = {vi.name for vi in _graph_inputs(model) if vi.type.tensor_type.elem_type == TensorProto.BOOL}
+    found = [n.input[0] for n in model.graph.node if n.op_type == "If" and n.input and n.input[0] in inputs]
+    return sorted(set(found))
+
+
+def synthesized_sets(model: onnx.ModelProto, spec: InputSpec) -> list[dict[str, np.ndarray]]:
+    """The seeded input sets of a verification: `spec.samples` of them, and at least two when
+    an If's condition is a graph input, which then is False in the first set and True in the
+    second (and alternates), so each branch runs."""
+    conditions = [c for c in branch_conditions(model) if c not in spec.ranges]
+    count = max(spec.samples, 2 if conditions else 1)
+    sets = [synthesize(model, spec, k) for k in range(count)]
+    for k, feeds in enumerate(sets):
+        for name in conditions:
+            feeds[name] = np.full(feeds[name].shape, k % 2 == 1, dtype=np.bool_)
+    return sets
+
+
 def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict[str, np.ndarray]:
     """One seeded feed for every graph input of `model`."""
     rng = np.random.default_rng(spec.seed + sample)

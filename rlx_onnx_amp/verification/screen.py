@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from rlx_onnx_amp.ranges import ValueRange
+from rlx_onnx_amp.ranges import ValueRange, scoped_name
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS
 from rlx_onnx_amp.types import model_types, subgraphs
 
@@ -32,12 +32,13 @@ class ScreenPlan:
         main = types.get("", {})
         have = {o.name for o in model.graph.output}
         self.values = [o for n in model.graph.node for o in n.output if o and main.get(o) == _FLOAT]
-        #: Surfaced body values: (the control-flow node's extra output, the value's own name).
-        self.surfaced = [(out, value) for out, _, value in surfaced]
+        #: Surfaced body values: (the control-flow node's extra output, the value's key,
+        #: `ranges.scoped_name`: an If's branches may reuse a name).
+        self.surfaced = [(out, scoped_name(scope, value)) for out, scope, value in surfaced]
         self.fetch = list(dict.fromkeys([*outputs, *self.values, *(out for out, _ in self.surfaced)]))
         self.model = onnx.ModelProto()
         self.model.CopyFrom(exposed)
-        extra = [n for n in self.values if n not in have]
+        extra = [n for n in (*self.values, *(out for out, _ in self.surfaced)) if n not in have]
         self.model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra)
 
     def ranges(self, fetched: Mapping[str, np.ndarray], into: dict[str, ValueRange]) -> None:
