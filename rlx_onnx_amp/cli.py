@@ -36,6 +36,7 @@ from click.core import ParameterSource
 from rlx_onnx_amp import render
 from rlx_onnx_amp.api import checker_failure, load_model, make_options, plan_model_reads, stage_conversion, write_demo
 from rlx_onnx_amp.cost import policy_hint
+from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
 from rlx_onnx_amp.errors import (
     AmpError,
     InputError,
@@ -428,6 +429,7 @@ def convert_cmd(
 
     def run() -> int:
         _refuse_idle_options(ctx, do_verify, do_repair)
+        directory = _export_directory(models, output, out_dir, data_name)
         verifying = do_verify is not False or do_repair
         resolved = _policy(policy, map_text, map_file)
         shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
@@ -436,11 +438,11 @@ def convert_cmd(
         verify_options = _make_verify_options(**verify_kwargs) if verifying else None
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
-        targets = _output_paths(models, output, out_dir)
+        targets = [output or ""] if directory else _output_paths(models, output, out_dir)
         if data_name is not None and len(models) > 1:
             raise InputError("--data-name names one output's data file; with several models each gets its own")
         paths = RunPaths()
-        for src, dst in zip(models, targets):
+        for src, dst in zip(models, targets) if not directory else ():
             paths.read(src, "input model")
             paths.write(dst, "output model")
         _plan_reports(paths, report_json, report_md, verify_options, map_file, report_html)
@@ -449,12 +451,16 @@ def convert_cmd(
         job.screen, job.verify_required = screen and not do_repair, bool(do_verify)
         if not verifying and not quiet:
             click.echo("rlx-amp: note: --no-verify: nothing was measured; the output's drift is unknown", err=True)
-        batch = len(models) > 1
+        if directory:
+            _convert_directory(job, directory, Path(targets[0]))
+        batch = len(models) > 1 or directory is not None
         if jobs < 0:
             raise InputError("--jobs must be 0 (one per CPU) or more")
         workers = min(jobs or os.cpu_count() or 1, len(models))
         with OutputSet(paths.protected()) as outputs:
-            if not batch:  # one model: model and reports are committed together
+            if directory:
+                pass  # converted and committed whole by _convert_directory
+            elif not batch:  # one model: model and reports are committed together
                 job.convert(models[0], targets[0], outputs)
             elif workers > 1:
                 _run_in_workers(job, list(zip(models, targets)), workers)
@@ -533,7 +539,12 @@ class _ConvertJob:
         self.verified: list[tuple[ConversionReport, VerifyReport]] = []
         self.failed: list[tuple[str, str, int]] = []  # (model, error, exit code)
 
-    def convert(self, src: str, dst: str, outputs: OutputSet) -> None:
+    def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> None:
+        """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
+        the reports name (a directory's file, staged elsewhere until the directory is whole)."""
+        self._convert(src, dst, outputs, shown or dst)
+
+    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> None:
         if self.repair:
             assert self.verify_options is not None
             report, result, repaired = repair_file(
@@ -548,6 +559,7 @@ class _ConvertJob:
                 paths=self.paths,
                 progress=None if self.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
             )
+            report.output = shown
             self._warn_idle(report)
             self.reports.append(report)
             self.verified.append((report, result))
@@ -573,19 +585,20 @@ class _ConvertJob:
                 progress=progress,
             )
         report = staged.report
+        report.output = shown
         self._warn_idle(report)
         if not self.quiet:
             click.echo(render.conversion_table(report))
             self._hint(report)
         if reference is not None:
-            _status(f"verifying {dst} against {src} ...", enabled=not self.quiet)
+            _status(f"verifying {shown} against {src} ...", enabled=not self.quiet)
             with _StagedProgress(enabled=not self.quiet) as verify_progress:
                 result = verify(
                     src,
                     staged.path,
                     self.verify_options,
                     progress=verify_progress,
-                    candidate_label=str(dst),
+                    candidate_label=shown,
                     outputs=outputs,
                     prepared=reference,
                 )
@@ -594,7 +607,7 @@ class _ConvertJob:
             self._show(result)
         elif unverified is not None:
             report.unverified = unverified  # exit 4 (`exit_code`)
-            _warn(f"{dst}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
+            _warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
         self.reports.append(report)
 
     def _reference(self, src: str) -> tuple[Reference | None, str | None]:
@@ -921,6 +934,39 @@ class _StagedProgress:
         if self.bar is not None:
             self.bar.__exit__()
             self.bar = None
+
+
+def _convert_directory(job: _ConvertJob, src: Path, out: Path) -> None:
+    """An export directory into `out`, whole or not at all (`rlx_onnx_amp.directory`): every
+    model converted (verified, repaired) under its relative name, every other file copied, the
+    caches' types checked across files; a model that fails leaves nothing written."""
+    if out.resolve() == src.resolve() or out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(
+        out.resolve()
+    ):
+        raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
+    export = scan_export_dir(src)
+    with StagedDirectory(out) as staged:
+        with OutputSet(job.paths.protected()) as outputs:
+            for rel in export.models:
+                job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel))
+            outputs.commit()
+        for rel in export.others:
+            staged.copy(src / rel, rel)
+        check_cache_types(staged.root, export.models)
+        staged.commit()
+
+
+def _export_directory(
+    models: Sequence[str], output: str | None, out_dir: str | None, data_name: str | None
+) -> Path | None:
+    """The export directory when the one MODEL is a directory (`rlx_onnx_amp.directory`)."""
+    if len(models) != 1 or not os.path.isdir(models[0]):
+        return None
+    if out_dir or not output:
+        raise InputError(f"{models[0]}: a directory converts into -o OUT_DIR (not --out-dir)")
+    if data_name is not None:
+        raise InputError("--data-name names one output's data file; each model of a directory gets its own")
+    return Path(models[0])
 
 
 def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None) -> list[str]:

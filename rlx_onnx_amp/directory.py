@@ -1,0 +1,164 @@
+"""An export directory as one unit: what optimum (`optimum-cli export onnx`) and
+onnxruntime-genai's model builder write, and what `ORTModelFor*` and `onnxruntime_genai.Model`
+load.
+
+`rlx-amp EXPORT_DIR --policy P -o OUT_DIR` converts every `.onnx` file of the directory (its
+subdirectories included) under its own relative name, and copies every other file unchanged
+(`config.json`, `generation_config.json`, tokenizer files, `genai_config.json`, whose 0.18
+fields name inputs and outputs but hold no types), except the external data files the models
+read: the converted models write their own (`OUT.<hash>.data`, see `files`). The directory is
+staged beside `OUT_DIR` and put in place only when every model converted (exit 0, 1 or 4), in
+place of an earlier `OUT_DIR`: whole, or not at all.
+
+Across the files of one directory, the past and present key/value caches share one element
+type (a generator feeds `present.N.key` back as `past_key_values.N.key`): a conversion that
+gives them two (with `--no-keep-io-types`) is refused, naming the pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from rlx_onnx_amp.api import load_model
+from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.files import STAGE_PREFIX, signals_deferred
+from rlx_onnx_amp.tensors import WeightSource, is_external
+from rlx_onnx_amp.types import all_tensors
+
+__all__ = ["ExportDir", "StagedDirectory", "check_cache_types", "scan_export_dir"]
+
+logger = logging.getLogger(__name__)
+
+#: A cache input or output of a generator and the layer/part it holds: `past_key_values.0.key`
+#: (optimum, genai), `past.0.key`, `present.0.key`, `present.0.decoder.key` (seq2seq).
+_CACHE = re.compile(r"^(?:past_key_values|past|present)\.(?P<part>.+)$")
+_OLD_PREFIX = ".rlx-amp-old-"
+
+
+@dataclass
+class ExportDir:
+    """The files of an export directory, relative to its root."""
+
+    root: Path
+    models: list[Path] = field(default_factory=list)
+    data: set[Path] = field(default_factory=set)  # external data the models read: rewritten, not copied
+    others: list[Path] = field(default_factory=list)  # copied unchanged
+
+
+def scan_export_dir(root: str | os.PathLike[str]) -> ExportDir:
+    """The models, their data files and the other files of `root`; links are not followed out
+    of it, and a directory without a model is bad input."""
+    base = Path(root)
+    found = ExportDir(base)
+    for path in sorted(_files(base)):
+        (found.models if path.suffix == ".onnx" else found.others).append(path)
+    if not found.models:
+        raise InputError(f"{base}: no .onnx model in the directory")
+    for rel in found.models:
+        model = load_model(base / rel)  # an unreadable model is an InputError naming it
+        source = WeightSource((base / rel).parent, str(base / rel))
+        for tensor in all_tensors(model):
+            if is_external(tensor):
+                found.data.add(source.external_path(tensor).resolve().relative_to(base.resolve()))
+        del model
+    found.others = [p for p in found.others if p not in found.data]
+    return found
+
+
+def _files(base: Path) -> Iterator[Path]:
+    for directory, subdirs, files in os.walk(base):
+        subdirs[:] = [d for d in subdirs if not d.startswith((STAGE_PREFIX, _OLD_PREFIX))]
+        for name in files:
+            path = Path(directory) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(base.resolve()):
+                raise InputError(f"{path}: a link out of the export directory")
+            yield path.relative_to(base)
+
+
+class StagedDirectory:
+    """The output directory, written into a private staging directory beside it and put in
+    place by `commit`; leaving the `with` block without a commit removes it."""
+
+    def __init__(self, final: str | os.PathLike[str]) -> None:
+        self.final = Path(final)
+        parent = self.final.parent if str(self.final.parent) else Path(".")
+        if self.final.exists() and not self.final.is_dir():
+            raise InputError(f"{self.final}: the output directory path exists and is not a directory")
+        if not parent.is_dir():
+            raise InputError(f"{self.final}: directory {parent} of the output does not exist")
+        with signals_deferred():
+            self.root = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=parent))
+        os.chmod(self.root, 0o777 & ~_umask())  # a directory's usual mode once in place
+
+    def __enter__(self) -> StagedDirectory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with signals_deferred():
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def path(self, rel: Path) -> Path:
+        """Where the output file `rel` is staged (its directory made)."""
+        staged = self.root / rel
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        return staged
+
+    def copy(self, source: Path, rel: Path) -> None:
+        try:
+            shutil.copy2(source, self.path(rel))
+        except OSError as e:
+            raise InputError(f"{source}: cannot copy into {self.final} ({e.strerror})") from None
+
+    def commit(self) -> None:
+        """Put the staged directory in place of `final` (an earlier one is moved aside first,
+        then removed). Signals wait until both renames are done."""
+        with signals_deferred(committing=True):
+            old = None
+            if self.final.exists():
+                old = Path(tempfile.mkdtemp(prefix=_OLD_PREFIX, dir=self.root.parent))
+                os.rename(self.final, old / "previous")
+            os.rename(self.root, self.final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_cache_types(root: Path, models: list[Path]) -> None:
+    """Every past/present cache value of the directory's models (paths relative to `root`) has
+    one element type per layer and part; InputError names a pair that does not."""
+    seen: dict[str, tuple[str, str, int]] = {}  # part -> (file, value, elem type)
+    for rel in models:
+        file = str(rel)
+        model = onnx.load(str(root / rel), load_external_data=False)
+        for vi in (*model.graph.input, *model.graph.output):
+            match = _CACHE.match(vi.name)
+            if not match or not vi.type.HasField("tensor_type"):
+                continue
+            elem = vi.type.tensor_type.elem_type
+            part = match.group("part")
+            if part in seen and seen[part][2] != elem:
+                other_file, other, other_elem = seen[part]
+                raise InputError(
+                    f"{file}: {vi.name} is {_type_name(elem)} but {other} in {other_file} is {_type_name(other_elem)}: "
+                    "a generator feeds one back as the other (keep them one type: drop --no-keep-io-types)"
+                )
+            seen.setdefault(part, (file, vi.name, elem))
+
+
+def _type_name(elem: int) -> str:
+    return onnx.helper.tensor_dtype_to_string(elem).removeprefix("TensorProto.").lower()
+

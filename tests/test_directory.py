@@ -1,0 +1,177 @@
+"""An export directory as one unit (`rlx-amp EXPORT_DIR -o OUT_DIR`): every model converted,
+every other file copied, written whole or not at all, the caches' types one across files; and
+the clients users load such directories with, run on what rlx-amp wrote: onnxruntime-genai on
+the committed builder folder (fixtures/models/genai-llama, made by fixtures/export_genai.py),
+optimum's ORTModelFor* on folders fixtures/export_optimum.py exports in its own environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rlx_onnx_amp.directory import scan_export_dir
+from tests.helpers import rlx
+
+REPO = Path(__file__).resolve().parent.parent
+GENAI = REPO / "fixtures" / "models" / "genai-llama"
+F, H = TensorProto.FLOAT, TensorProto.FLOAT16
+#: Coherent inputs for the genai Llama (2 KV heads of 16): 4 past positions, 8 in all, none padded.
+GENAI_SHAPES = [f"--shape=past_key_values.{i}.{kv}:1x2x4x16" for i in (0, 1) for kv in ("key", "value")]
+GENAI_SHAPES += ["--shape=input_ids:1x4", "--shape=attention_mask:1x8", "--input-range=attention_mask:1,2"]
+
+
+def _decoder() -> onnx.ModelProto:
+    """A toy decoder step: logits from x, present.0.key = Concat(past_key_values.0.key, k)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64)) * 0.1).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["k"]), helper.make_node("Relu", ["k"], ["logits"]),
+             helper.make_node("Mul", ["past_key_values.0.key", "half"], ["past_half"]),
+             helper.make_node("Concat", ["past_half", "k"], ["present.0.key"], axis=0)]
+    graph = helper.make_graph(
+        nodes, "decoder",
+        [helper.make_tensor_value_info("x", F, [1, 64]), helper.make_tensor_value_info("past_key_values.0.key", F, [2, 64])],
+        [helper.make_tensor_value_info("logits", F, [1, 64]), helper.make_tensor_value_info("present.0.key", F, [3, 64])],
+        [w, numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _export_dir(tmp_path: Path) -> Path:
+    export = tmp_path / "export"
+    (export / "onnx").mkdir(parents=True)
+    onnx.save(_decoder(), str(export / "decoder_model.onnx"), save_as_external_data=True,
+              location="decoder_model.onnx_data", size_threshold=0)
+    encoder = _decoder()
+    onnx.save(encoder, str(export / "onnx" / "encoder_model.onnx"))
+    (export / "config.json").write_text('{"model_type": "toy"}\n')
+    (export / "tokenizer.json").write_text('{"version": "1.0"}\n')
+    return export
+
+
+def test_a_directory_converts_as_a_unit(tmp_path: Path) -> None:
+    export = _export_dir(tmp_path)
+    scanned = scan_export_dir(export)
+    assert scanned.models == [Path("decoder_model.onnx"), Path("onnx/encoder_model.onnx")]
+    assert scanned.data == {Path("decoder_model.onnx_data")}
+    out = tmp_path / "out"
+    result = rlx(export, "-p", "always-f16", "-o", out, "--report-json", tmp_path / "r.json", "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    data = [f for f in files if f.startswith("decoder_model.onnx.") and f.endswith(".data")]
+    assert files == sorted(["config.json", "tokenizer.json", "decoder_model.onnx", "onnx/encoder_model.onnx", *data])
+    assert len(data) == 1  # the converted weights under their own content name, not the input's data file
+    for name in ("config.json", "tokenizer.json"):
+        assert (out / name).read_bytes() == (export / name).read_bytes()
+    for rel in ("decoder_model.onnx", "onnx/encoder_model.onnx"):
+        onnx.checker.check_model(str(out / rel), full_check=True)
+        model = onnx.load(str(out / rel), load_external_data=False)
+        assert any(t.data_type == H for t in model.graph.initializer)
+    batch = json.loads((tmp_path / "r.json").read_text())
+    assert [Path(m["output"]).relative_to(out).as_posix() for m in batch["models"]] == ["decoder_model.onnx",
+                                                                                         "onnx/encoder_model.onnx"]
+    assert batch["exit_code"] == 0 and all(m["verify"]["passed"] for m in batch["models"])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rlx-amp-")]  # no staging left
+
+
+def test_a_directory_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    export = _export_dir(tmp_path)
+    out = tmp_path / "out"
+    assert rlx(export, "-p", "always-f16", "-o", out, "-q").returncode == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    (export / "onnx" / "encoder_model.onnx").write_bytes(b"not a model")
+    failed = rlx(export, "-p", "auto-mixed", "-o", out, "-q")
+    assert failed.returncode == 2 and "encoder_model.onnx" in failed.stderr
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # untouched
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rlx-amp-")]
+
+
+def test_cache_types_must_agree_across_a_directory(tmp_path: Path) -> None:
+    """With --no-keep-io-types under auto-mixed the past input is read by an f16 Mul and the
+    present output made by an f32 Concat: a generator feeding one back as the other would
+    break, so the directory is refused, naming the pair, and nothing is written."""
+    export = _export_dir(tmp_path)
+    out = tmp_path / "out"
+    result = rlx(export, "-p", "auto-mixed", "--no-keep-io-types", "-o", out, "-q")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "past_key_values.0.key" in result.stderr and "present.0.key" in result.stderr
+    assert not out.exists()
+    assert rlx(export, "-p", "auto-mixed", "-o", out, "-q").returncode == 0  # kept I/O types agree
+
+
+def _genai_client(directory: Path) -> dict:
+    result = subprocess.run([sys.executable, str(REPO / "fixtures" / "genai_client.py"), str(directory)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("policy", ["always-f16", "auto-mixed"])
+def test_onnxruntime_genai_loads_the_converted_builder_folder(tmp_path: Path, policy: str) -> None:
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (the test extra has it)")
+    out = tmp_path / "genai"
+    result = rlx(GENAI, "-p", policy, "-o", out, "--report-json", tmp_path / "r.json", "-q", *GENAI_SHAPES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (model,) = json.loads((tmp_path / "r.json").read_text())["models"]
+    assert model["verify"]["passed"] and model["proof"].startswith("onnxruntime loads it")  # builder ops
+    assert (out / "genai_config.json").read_bytes() == (GENAI / "genai_config.json").read_bytes()
+    want, got = _genai_client(GENAI), _genai_client(out)
+    assert got["tokens"] == want["tokens"]
+    a, b = np.asarray(want["first_logits"]).ravel(), np.asarray(got["first_logits"]).ravel()
+    assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.999
+
+
+OPTIMUM_PYTHON = os.environ.get("RLX_AMP_OPTIMUM_PYTHON", "")
+
+
+_NO_OPTIMUM = ("RLX_AMP_OPTIMUM_PYTHON names no python with optimum-onnx 0.1.0 (it needs transformers 4.57, this "
+               "environment has 5.x for torch exports; .ci/run builds one)")
+
+
+@pytest.fixture(scope="module")
+def optimum_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fixtures/export_optimum.py's folders, exported once in optimum's own environment."""
+    exports = tmp_path_factory.mktemp("optimum") / "exports"
+    built = subprocess.run([OPTIMUM_PYTHON, str(REPO / "fixtures" / "export_optimum.py"), str(exports)],
+                           capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert built.returncode == 0, built.stderr[-3000:]
+    return exports
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not OPTIMUM_PYTHON, reason=_NO_OPTIMUM)
+@pytest.mark.parametrize(("folder", "kind", "shapes"), [
+    ("t5", "seq2seq", []),
+    ("bert", "feature-extraction", []),
+    ("llama-external", "causal-lm", ["--shape=input_ids:1x4", "--shape=attention_mask:1x12", "--shape=position_ids:1x4"]
+     + [f"--shape=past_key_values.{i}.{kv}:1x2x8x16" for i in (0, 1) for kv in ("key", "value")]),
+])
+@pytest.mark.parametrize("policy", ["always-f16", "auto-mixed"])
+def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Path, folder: str, kind: str,
+                                            shapes: list[str], policy: str) -> None:
+    """The converted folder loads in ORTModelForSeq2SeqLM / ORTModelForFeatureExtraction /
+    ORTModelForCausalLM as written (the T5 one holds the merged decoder, verified on both of
+    its branches), and generates the f32 export's greedy tokens."""
+    out = tmp_path / "out"
+    result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", *shapes)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    def client(directory: Path) -> dict:
+        ran = subprocess.run([OPTIMUM_PYTHON, str(REPO / "fixtures" / "optimum_client.py"), str(directory), kind],
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return json.loads(ran.stdout)
+
+    want, got = client(optimum_exports / folder), client(out)
+    if kind == "feature-extraction":
+        a, b = (np.asarray(r["last_hidden_state_head"], dtype=np.float64) for r in (want, got))
+    else:
+        assert got["tokens"] == want["tokens"]
+        a, b = (np.asarray(r["first_logits"], dtype=np.float64).ravel() for r in (want, got))
+    assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.999
