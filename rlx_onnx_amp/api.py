@@ -371,8 +371,9 @@ def checker_failure(model: _Checkable, limit: int = 1000) -> str | None:
     return None
 
 
-def onnxruntime_failure(model: _Checkable, limit: int = 400) -> str | None:
-    """Why onnxruntime's CPU provider cannot load a model, or None when it loads."""
+def onnxruntime_failure(model: _Checkable, limit: int = 400, provider: str = "CPUExecutionProvider") -> str | None:
+    """Why onnxruntime's `provider` (with the CPU provider behind it) cannot load a model, or
+    None when it loads."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -380,7 +381,8 @@ def onnxruntime_failure(model: _Checkable, limit: int = 400) -> str | None:
     opts.add_session_config_entry("session.disable_prepacking", "1")
     try:
         source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
-        ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        providers = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
+        ort.InferenceSession(source, opts, providers=providers)
     except Exception as e:
         return first_line(e, limit)
     return None
@@ -400,7 +402,17 @@ def prove(output: _Checkable, source: _Checkable, report: ConversionReport, sour
         raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
     if onnxruntime_failure(source) is not None:
         raise InputError(f"{source_label}: the input model fails onnx.checker ({first}); nothing written")
-    output_not_loaded = onnxruntime_failure(output)
+    import onnxruntime as ort
+
+    # The output is meant for its target: a bf16 model for CUDA need not load on the CPU provider.
+    wanted = "CUDAExecutionProvider" if report.target == "cuda" else "CPUExecutionProvider"
+    provider = wanted if wanted in ort.get_available_providers() else "CPUExecutionProvider"
+    output_not_loaded = onnxruntime_failure(output, provider=provider)
+    if output_not_loaded is not None and provider != wanted:
+        raise InputError(
+            f"{source_label}: the input model fails onnx.checker ({first}), and the converted model cannot be "
+            f"loaded here to prove it instead: {wanted} is not available ({output_not_loaded}); nothing written"
+        )
     if output_not_loaded is not None:
         raise AmpError(
             f"{label}: the input fails onnx.checker but loads in onnxruntime, and the converted model does not "
