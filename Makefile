@@ -1,5 +1,6 @@
 PYTHON ?= python3
-BENCH_DATA ?= /work/bench_data
+# Exported benchmark models (ignored by git); any directory with room for a 3.4 GB model.
+BENCH_DATA ?= bench/data
 
 .PHONY: install demo lint test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
 
@@ -11,7 +12,7 @@ demo:
 
 # Lint and types first (seconds), then the tests.
 lint:
-	$(PYTHON) -m ruff check rlx_onnx_amp
+	$(PYTHON) -m ruff check rlx_onnx_amp tests
 	$(PYTHON) -m mypy
 
 test: lint
@@ -56,11 +57,11 @@ FUZZ_DIR ?= /tmp/rlx-amp-fuzz
 .PHONY: fuzz
 fuzz:
 	rm -rf $(FUZZ_DIR)
-	$(PYTHON) -m tests.fuzz_mutants --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) --workdir $(FUZZ_DIR) --check-inputs --summary --strict 2>$(FUZZ_DIR).log
+	$(PYTHON) -m tools.fuzz_mutants --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) --workdir $(FUZZ_DIR) --check-inputs --summary --strict 2>$(FUZZ_DIR).log
 
 # rlx-amp --repair over torchvision classifiers and detectors (random weights). The export needs
-# a separate venv: python3 -m venv /work/tv-venv && /work/tv-venv/bin/pip install torch==2.14.1 torchvision==0.29.1 onnx onnxscript
-TV_PYTHON ?= /work/tv-venv/bin/python
+# a separate venv: python3 -m venv .venv-torchvision && .venv-torchvision/bin/pip install torch==2.14.1 torchvision==0.29.1 onnx onnxscript
+TV_PYTHON ?= .venv-torchvision/bin/python
 .PHONY: bench-repair-zoo
 bench-repair-zoo:
 	$(TV_PYTHON) bench/export_torchvision.py $(BENCH_DATA)/torchvision

@@ -354,15 +354,23 @@ def _median_row(runs: list[dict]) -> dict:
     return row
 
 
+def _verifies_by_default(t: Tree) -> bool:
+    """Whether the tree's CLI has --no-verify (its plain command verifies)."""
+    shown = subprocess.run([*t.base, "convert", "--help"], capture_output=True, text=True, env=t.env, cwd=t.cwd)
+    return "--no-verify" in shown.stdout
+
+
 def run_rlx(trees: list[Tree], model: Path, work: Path, prefix: str, tag: str, warm_paths: list[Path],
             args: argparse.Namespace, log_dir: Path) -> list[dict]:
     """rlx (and rlx@REV) --repeat times each, alternating, writing work/<prefix><label>.onnx; one row
     per tree (`_median_row`), named label + tag."""
     runs: dict[str, list[dict]] = {t.label: [] for t in trees}
+    # The conversion alone: a tree whose plain command verifies (safe by default) gets --no-verify.
+    no_verify = {t.label: ["--no-verify"] if _verifies_by_default(t) else [] for t in trees}
     for i in range(args.repeat):
         for t in trees:
             out = work / f"{prefix}{_safe(t.label)}.onnx"
-            cmd = [*t.base, str(model), "--policy", args.policy, "-o", str(out), "-q"]
+            cmd = [*t.base, str(model), "--policy", args.policy, "-o", str(out), "-q", *no_verify[t.label]]
             name = _safe(t.label) + tag + (f"_r{i + 1}" if args.repeat > 1 else "")
             runs[t.label].append(run_one(name, cmd, out, warm_paths, args.mem_gb, args.timeout, log_dir, t.env, t.cwd))
             if not args.keep:

@@ -29,7 +29,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
-from rlx_onnx_amp.tensors import WeightSource
+from rlx_onnx_amp.tensors import WeightSource, is_external
 from rlx_onnx_amp.types import names_read, scoped_graphs, subgraphs
 
 __all__ = [
@@ -47,6 +47,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _F32 = TensorProto.FLOAT
+#: Inline float weights up to this size are scanned together (`NumericFacts._maxima`).
+_BATCHED_BYTES = 1 << 16
 #: Exponent types whose values a Pow's singularity check reads.
 _NUMERIC_EXPONENTS = frozenset(
     {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64}
@@ -134,15 +136,24 @@ class NumericFacts:
         self._consumers: dict[int, dict[str, list[tuple[NodeProto, int]]]] = {}
         self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
         self._singular: frozenset[str] | None = None
-        self.has_accumulators = _holds_ops(model.graph, {op for _, op in INTEGER_ACCUMULATORS})
+        # One walk over every graph: the Constant-like weights, and whether integer accumulators
+        # (rule dequantize-arithmetic) are there at all.
+        accumulators = {op for _, op in INTEGER_ACCUMULATORS}
+        self._sources: list[tuple[str, NodeProto]] = []
+        self.has_accumulators = False
+        scales: list[str] = []
+        for path, graph in scoped_graphs(model.graph):
+            for node in graph.node:
+                op = node.op_type
+                if op in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS and node.output:
+                    self._sources.append((path, node))
+                elif op in accumulators:
+                    self.has_accumulators = True
+                elif op in RUNTIME_SCALES and node.domain in DEFAULT_DOMAINS and node.input:
+                    scales.append(scoped_name(path, node.input[0]))
         #: Values that DynamicQuantizeLinear quantizes at run time: their producers belong to the
         #: quantized region (a value rounded to f16 first lands in other quantization bins).
-        self.quantized_at_run_time: frozenset[str] = frozenset(
-            scoped_name(path, node.input[0])
-            for path, g in (scoped_graphs(model.graph) if self.has_accumulators else ())
-            for node in g.node
-            if node.op_type in RUNTIME_SCALES and node.domain in DEFAULT_DOMAINS and node.input
-        )
+        self.quantized_at_run_time = frozenset(scales if self.has_accumulators else ())
 
     # -- weights ---------------------------------------------------------------------------
     def _weight_table(self) -> dict[str, TensorProto | NodeProto]:
@@ -154,25 +165,44 @@ class NumericFacts:
                     if init.data_type == _F32:
                         table[scoped_name(path, init.name)] = init
                         self._scope_of[scoped_name(path, init.name)] = path
-                for node in graph.node:
-                    if node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS and node.output:
-                        table[scoped_name(path, node.output[0])] = node
-                        self._scope_of[scoped_name(path, node.output[0])] = path
+            for path, node in self._sources:
+                table[scoped_name(path, node.output[0])] = node
+                self._scope_of[scoped_name(path, node.output[0])] = path
             self._weights = table
         return self._weights
 
     def weight_max(self, key: str) -> float | None:
         """The largest finite magnitude of the float weight `key`; None when it is no weight."""
-        found = self._weight_max.get(key)
-        if found is not None:
-            return found
-        holder = self._weight_table().get(key)
-        if holder is None:
-            return None
-        found = self._max_of(holder)
-        if found is not None:
-            self._weight_max[key] = found
-        return found
+        return self._maxima().get(key)
+
+    def any_past_range(self, precision: Precision) -> bool:
+        """Whether some float weight of the model passes `precision`'s range (rule weight-range
+        costs nothing per node where none does)."""
+        limit = precision.info.max_finite
+        return any(v > limit for v in self._maxima().values())
+
+    def _maxima(self) -> dict[str, float]:
+        """Every float weight's largest finite magnitude, by key, read once: the small inline
+        tensors (most of a large graph's) in one numpy pass, the others one by one in chunks."""
+        if self._weight_max:
+            return self._weight_max
+        table = self._weight_table()
+        small: list[tuple[str, bytes]] = []
+        for key, holder in table.items():
+            inline = isinstance(holder, TensorProto) and not is_external(holder)
+            if inline and 0 < len(holder.raw_data) <= _BATCHED_BYTES:
+                small.append((key, holder.raw_data))
+                continue
+            found = self._max_of(holder)
+            if found is not None:
+                self._weight_max[key] = found
+        if small:
+            values = np.abs(np.frombuffer(b"".join(raw for _, raw in small), dtype=np.float32))
+            values = np.where(np.isfinite(values), values, np.float32(0))
+            starts = np.cumsum([0] + [len(raw) // 4 for _, raw in small[:-1]])
+            for (key, _), top in zip(small, np.maximum.reduceat(values, starts)):
+                self._weight_max[key] = float(top)
+        return self._weight_max
 
     def _max_of(self, holder: TensorProto | NodeProto) -> float | None:
         if isinstance(holder, TensorProto):
@@ -336,7 +366,3 @@ def _graphs(graph: GraphProto) -> Iterable[GraphProto]:
 
 def _read_in_bodies(graph: GraphProto) -> set[str]:
     return {name for node in graph.node for _, body in subgraphs(node) for name in names_read(body)}
-
-
-def _holds_ops(graph: GraphProto, ops: set[str]) -> bool:
-    return any(node.op_type in ops for g in _graphs(graph) for node in g.node)

@@ -449,6 +449,11 @@ def _weight_range(cv: DecidePass, f: _NodeFacts) -> str | None:
     return None
 
 
+def _low_precisions(policy: Policy) -> set[Precision]:
+    """The precisions below f32 that `policy` runs some kind at."""
+    return {policy.precision_for(kind) for kind in OpKind} - {Precision.F32}
+
+
 def _key(scope: _Scope, name: str) -> str:
     """`ranges.scoped_name` of a value a node of `scope` reads: keyed by the scope defining it."""
     owner = scope.owner(name)
@@ -668,7 +673,7 @@ class DecidePass(Pass[Plan]):
         active = {
             "user-keep": user_keeps,
             "dequantize-arithmetic": numeric.has_accumulators,
-            "weight-range": True,
+            "weight-range": any(numeric.any_past_range(p) for p in _low_precisions(policy)),
             "range-screen": bool(options.value_ranges),
         }
         self.node_rules = tuple(r for r in _PER_NODE_RULES if active[r.code])

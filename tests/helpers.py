@@ -116,7 +116,7 @@ def elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def data_file(model_path) -> "Path":
+def data_file(model_path) -> Path:
     """The one external data file a written model reads: `OUT.<sha256 prefix>.data` beside it,
     named after its content (rlx_onnx_amp.files)."""
     import re

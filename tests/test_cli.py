@@ -14,10 +14,10 @@ import onnx
 import pytest
 
 from fixtures.make_fixtures import HEALTHY, write_external
+from tests.helpers import rlx
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
-from tests.helpers import rlx
 
 
 def _digest(path: Path) -> str:

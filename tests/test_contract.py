@@ -16,10 +16,10 @@ import onnx
 import pytest
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
+from tests.helpers import rlx
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
-from tests.helpers import rlx
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import onnx
 import pytest
@@ -191,9 +192,9 @@ class _LostStopJob:
     """A batch job whose conversion lost its SIGTERM: the handler ran (the stop is recorded)
     but its exception vanished, as one raised inside a `__del__` does, and convert_own returned."""
 
-    reports: list = []
-    verified: list = []
-    failed: list = []
+    reports: ClassVar[list] = []
+    verified: ClassVar[list] = []
+    failed: ClassVar[list] = []
 
     def convert_own(self, src: str, dst: str) -> None:
         from rlx_onnx_amp.errors import request_stop

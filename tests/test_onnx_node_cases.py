@@ -19,7 +19,7 @@ def test_every_eligible_node_case_passes(policy: str, target: str) -> None:
     lowered = 0
     for case in cases:
         report = ConversionReport()
-        problem = check_case(case, lambda m: convert(m, policy, report=report, target=target))
+        problem = check_case(case, lambda m, report=report: convert(m, policy, report=report, target=target))
         lowered += report.by_precision["f16"] + report.by_precision["bf16"] > 0
         if problem:
             failures[case.name] = problem

@@ -66,7 +66,7 @@ def test_repair_fixes_each_failure_mode(name: str, tmp_path: Path) -> None:
 def test_bisection_finds_what_magnitudes_cannot(tmp_path: Path) -> None:
     src = tmp_path / "cancel.onnx"
     onnx.save(_cancellation_model(), str(src))
-    conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16", verify_options=VerifyOptions(provider="cpu"))
+    _conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16", verify_options=VerifyOptions(provider="cpu"))
     assert verified.passed and result.passed
     kept = {v["node"]: v["reason"] for v in result.kept.values()}
     assert kept.get("shift") == "drift"  # the sum that loses x's digits; minimality gave back the rest
@@ -99,7 +99,7 @@ def test_budget_exhausted_writes_best_and_exits_1(tmp_path: Path) -> None:
 def test_healthy_model_needs_no_repair(tmp_path: Path) -> None:
     src = tmp_path / "block.onnx"
     onnx.save(HEALTHY["transformer_block"]().model, str(src))
-    conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "auto-mixed")
+    _conversion, _verified, result = repair_file(src, tmp_path / "out.onnx", "auto-mixed")
     assert result.passed and result.evaluations == 1 and result.kept == {}
     assert result.compute_low_share == 0.0  # auto-mixed keeps Compute in f32 by policy
     assert 0 < result.weight_low_share < 1
@@ -126,7 +126,7 @@ def _loop_overflow_model() -> onnx.ModelProto:
 def test_bisection_searches_loop_bodies(tmp_path: Path) -> None:
     src = tmp_path / "loop.onnx"
     onnx.save(_loop_overflow_model(), str(src))
-    conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16")
+    _conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16")
     assert verified.passed and result.passed, result.history
     kept_paths = set(result.kept)
     assert kept_paths and all(p.startswith("0/body/") for p in kept_paths)  # only body nodes, found by path
@@ -161,7 +161,7 @@ def test_repair_emulates_a_candidate_the_provider_cannot_load(tmp_path: Path, mo
     src = tmp_path / "block.onnx"
     onnx.save(HEALTHY["transformer_block"]().model, str(src))
     out = tmp_path / "out.onnx"
-    conversion, verified, result = repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu"))
+    conversion, _verified, result = repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu"))
     assert result.passed and result.evaluations == 1 and not result.kept
     assert conversion.target == "cuda" and conversion.by_op["MatMul"] == {"bf16": 8}
     with pytest.raises(ModelRunError):

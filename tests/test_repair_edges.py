@@ -16,10 +16,10 @@ import onnx
 import pytest
 
 from fixtures.make_fixtures import DEMO, REPAIR_CASES
+from tests.helpers import rlx
 from tests.test_repair import _cancellation_model
 
 REPO = Path(__file__).resolve().parents[1]
-from tests.helpers import rlx
 
 
 def _save(tmp_path: Path, name: str) -> Path:

@@ -196,7 +196,7 @@ def test_kernel_table() -> None:
     _same_numbers(model, out, feeds, tol=0)
 
 
-def _decision(model: onnx.ModelProto, op: str, policy: str = "always-f16"):  # noqa: ANN202 - a NodeDecision
+def _decision(model: onnx.ModelProto, op: str, policy: str = "always-f16"):
     plan, (decide, _, _) = conversion_passes(model, policy, ConvertOptions())
     decide(plan, check=True)
     assert plan.main is not None
@@ -285,9 +285,8 @@ def test_dequantize_arithmetic() -> None:
                     helper.make_node("Mul", ["q_s", "w_s"], ["s"], name="scale"),
                     helper.make_node("Mul", ["acc_f", "s"], ["deq"], name="dequantize"),
                     helper.make_node("Tanh", ["deq"], ["y"])], [x], [y], inits)
-    codes, out = _codes(model, "always-f16")
     report = ConversionReport()
-    convert(model, "always-f16", report=report)
+    out = convert(model, "always-f16", report=report, check_contracts=True)
     kept = {k.node or k.op: k.code for k in report.kept_f32}
     assert kept == {"Relu@0": "dequantize-arithmetic", "scale": "dequantize-arithmetic", "dequantize": "dequantize-arithmetic"}
     assert report.decisions["6"] == "f16"  # the Tanh after it

@@ -11,10 +11,7 @@ from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import KERNEL_GAPS, OP_KINDS, OpKind, kind_of
 
 # The contrib ops that exporters and onnxruntime's optimizer emit (issue 2).
-CONTRIB = """Attention MultiHeadAttention GroupQueryAttention SkipLayerNormalization SkipSimplifiedLayerNormalization
-EmbedLayerNormalization FastGelu BiasGelu Gelu QuickGelu FusedMatMul FusedConv RotaryEmbedding MatMulNBits
-QLinearAdd QLinearMul QLinearConcat QLinearSigmoid QLinearAveragePool QLinearGlobalAveragePool QLinearLeakyRelu
-QLinearSoftmax QLinearWhere DynamicQuantizeMatMul""".split()
+CONTRIB = ["Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "FastGelu", "BiasGelu", "Gelu", "QuickGelu", "FusedMatMul", "FusedConv", "RotaryEmbedding", "MatMulNBits", "QLinearAdd", "QLinearMul", "QLinearConcat", "QLinearSigmoid", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearLeakyRelu", "QLinearSoftmax", "QLinearWhere", "DynamicQuantizeMatMul"]
 
 
 def test_every_onnx_schema_has_a_kind() -> None:

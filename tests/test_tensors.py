@@ -75,7 +75,7 @@ def test_many_small_constants_clamp_and_count_like_one() -> None:
         if k % 5 == 0:
             bias[(k + 1) % 8] = 1e-9  # flushed to zero
         inits.append(numpy_helper.from_array(bias, f"b{k}"))
-        low, stats = narrow(bias, Precision.F16)
+        _low, stats = narrow(bias, Precision.F16)
         if stats.clamped or stats.flushed:
             expected[f"b{k}"] = (stats.clamped, stats.flushed)
         # Each bias is added before a Softmax: a mask sentinel (rule weight-range), so it is clamped.

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 from onnx import helper as h
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
@@ -60,7 +60,7 @@ def test_empty_output_passes_with_zero_elements() -> None:
     assert d.passed and d.elements == 0 and d.max_abs == 0
 
 
-def test_zeros_where_the_reference_is_small_fail_on_shape() -> None:
+def test_zeros_where_the_reference_is_small_fail_on_cosine() -> None:
     # Absolute tolerance alone passes this candidate; the cosine criterion does not.
     ref = np.random.default_rng(0).standard_normal(100).astype(np.float32) * 1e-3
     d = compare_arrays("y", ref, np.zeros_like(ref), TOL)
@@ -69,9 +69,17 @@ def test_zeros_where_the_reference_is_small_fail_on_shape() -> None:
 
 
 def test_constant_reference_skips_cosine() -> None:
-    ref = np.full(10, 0.5, np.float32)
-    d = compare_arrays("y", ref, ref + 1e-4, TOL)
-    assert d.passed
+    """A constant reference has no direction to compare: a candidate alternating 2e-3 and 0
+    around a reference of 1e-3 everywhere has cosine about 0.71, far under the floor, and
+    still passes on max_abs <= atol, saying the reference is constant. (A candidate that is
+    constant too would have cosine 1.0 and prove nothing about the skip.)"""
+    ref = np.full(10, 1e-3, np.float32)
+    cand = np.where(np.arange(10) % 2 == 0, 2e-3, 0.0).astype(np.float32)
+    d = compare_arrays("y", ref, cand, TOL)
+    assert d.cosine is not None and d.cosine < TOL.min_cosine  # the check that would fail, had it run
+    assert d.passed and d.constant_reference == pytest.approx(1e-3)
+    varying = compare_arrays("y", ref + np.linspace(0, 1e-4, 10, dtype=np.float32), cand, TOL)
+    assert not varying.passed  # the same candidate against a reference that varies: cosine fails it
 
 
 def test_integer_outputs_must_match() -> None:
@@ -193,12 +201,23 @@ def test_json_numbers_match_an_independent_computation(tmp_path: Path) -> None:
 
 
 def test_per_output_tolerance_flips_the_verdict(tmp_path: Path) -> None:
-    src = _save("conv_net", tmp_path)
-    out = tmp_path / "out.onnx"
+    """Two outputs that drift alike under f16: a strict tolerance named for one fails that one
+    alone, and the other keeps the defaults and passes."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 8]) for n in ("a", "b")]
+    w = numpy_helper.from_array(np.full((8,), 1.1, np.float32), "w")
+    model = helper.make_model(helper.make_graph([helper.make_node("Mul", ["x", "w"], ["a"]),
+                                                 helper.make_node("Mul", ["x", "w"], ["m"]),
+                                                 helper.make_node("Neg", ["m"], ["b"])], "two", [x], outs, [w]),
+                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    src, out, report = tmp_path / "two.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(model, str(src))
     convert_file(src, out, "always-f16")
     assert rlx("verify", str(src), str(out)).returncode == 0
-    strict = rlx("verify", str(src), str(out), "--atol", "logits:1e-9", "--rtol", "0")
-    assert strict.returncode == 1 and "FAIL" in strict.stdout
+    strict = rlx("verify", str(src), str(out), "--atol", "a:1e-9", "--rtol-of-max", "a:0", "--report-json", str(report))
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    verdicts = {o["name"]: o["passed"] for o in json.loads(report.read_text())["verify"]["outputs"]}
+    assert verdicts == {"a": False, "b": True}
 
 
 def test_bf16_without_emulation_cannot_run_on_cpu(tmp_path: Path) -> None:

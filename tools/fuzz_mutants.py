@@ -7,7 +7,7 @@ Two parts:
   two seeded mutations (changed op types, dropped nodes, renamed inputs, changed dtypes and
   attributes, truncated raw data, huge or negative dims, bogus external-data entries, changed
   opsets, duplicated nodes, cleared outputs); everything follows from (seed, index);
-* a driver, `python3 -m tests.fuzz_mutants --seed S --count N --workdir DIR --jsonl OUT`, that
+* a driver, `python3 -m tools.fuzz_mutants --seed S --count N --workdir DIR --jsonl OUT`, that
   writes each mutant to DIR/k/in/, runs the CLI in-process on it
   (`rlx-amp DIR/k/in/in.onnx --policy P -o DIR/k/out/out.onnx -q [--verify --provider cpu]`)
   and writes one JSON line per mutant: the exit code, stderr, whether the input files are
@@ -16,7 +16,7 @@ Two parts:
   table of the run; `check_records` lists the records that break the contract (see
   tests/test_fuzz.py, which runs a few hundred mutants; `make fuzz` runs thousands).
 
-Reproduce one mutant: `python3 -m tests.fuzz_mutants --seed S --index K --workdir /tmp/fz --keep`
+Reproduce one mutant: `python3 -m tools.fuzz_mutants --seed S --index K --workdir /tmp/fz --keep`
 (its files stay in /tmp/fz/K; the record is printed).
 """
 
@@ -874,7 +874,7 @@ def _error_line(r: dict[str, Any]) -> str:
 
 
 def reproduce_command(r: dict[str, Any]) -> str:
-    return f"python3 -m tests.fuzz_mutants --seed {r['seed']} --index {r['index']} --workdir /tmp/fuzz_repro --keep" + (
+    return f"python3 -m tools.fuzz_mutants --seed {r['seed']} --index {r['index']} --workdir /tmp/fuzz_repro --keep" + (
         " --verify-share 1" if r.get("verify") else "")
 
 
@@ -929,7 +929,7 @@ def summarize(records: list[dict[str, Any]], out: Any = sys.stdout) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m tests.fuzz_mutants", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m tools.fuzz_mutants", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start", type=int, default=0, help="First mutant index.")
     p.add_argument("--count", type=int, default=100)
