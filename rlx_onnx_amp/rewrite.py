@@ -48,7 +48,7 @@ from rlx_onnx_amp.cost import estimate_cost
 from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.passes import Pass, PassResult, run_passes
-from rlx_onnx_amp.policy import Policy, policy_from_name
+from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, NumericFacts, ValueRange, scoped_name
 from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
@@ -1722,7 +1722,7 @@ def _kernel_gap(node: NodeProto) -> str | None:
 
 def convert_model(
     model: ModelProto,
-    policy: Policy | str = "auto-mixed",
+    policy: Policy,
     options: ConvertOptions | None = None,
     *,
     source: WeightSource | None = None,
@@ -1731,7 +1731,8 @@ def convert_model(
     weights: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> ConversionReport:
-    """Rewrite `model` in place under `policy`; returns the conversion report.
+    """Rewrite `model` in place under `policy` (resolved at the edge: `api.resolve_policy`);
+    returns the conversion report.
 
     With `weights=False` initializers keep their data but take their new element type (a dry
     run for `inspect`: the model is for counting, not for saving).
@@ -1751,7 +1752,7 @@ def convert_model(
 
 def conversion_passes(
     model: ModelProto,
-    policy: Policy | str = "auto-mixed",
+    policy: Policy,
     options: ConvertOptions | None = None,
     report: ConversionReport | None = None,
 ) -> tuple[Plan, tuple[DecidePass, StorePass, EmitPass]]:
@@ -1765,7 +1766,7 @@ def conversion_passes(
 
 def _plan(
     model: ModelProto,
-    policy: Policy | str,
+    policy: Policy,
     options: ConvertOptions,
     report: ConversionReport,
     source: WeightSource,
@@ -1773,8 +1774,6 @@ def _plan(
     weights: bool,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[Plan, tuple[DecidePass, StorePass, EmitPass]]:
-    if isinstance(policy, str):
-        policy = policy_from_name(policy)
     report.policy = policy
     report.target = options.target.value
     if not model.graph.node and not model.graph.output:

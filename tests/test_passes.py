@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from fixtures.make_fixtures import BROKEN_IN_F16, COST_CASES, HEALTHY, REPAIR_CASES
 from rlx_onnx_amp import ConversionReport, convert
 from rlx_onnx_amp.passes import Pass, PassContractError, PassResult, fingerprint, run_passes
+from rlx_onnx_amp.policy import policy_from_name
 from rlx_onnx_amp.rewrite import ConvertOptions, EmitPass, Plan, Stage, conversion_passes, convert_model
 from tests.helpers import POLICIES, feeds_for, run
 
@@ -34,7 +35,7 @@ def test_every_fixture_keeps_every_pass_contract_under_every_policy(name: str) -
     for policy in POLICIES:
         model = onnx.ModelProto()
         model.CopyFrom(fixture.model)
-        report = convert_model(model, policy, CHECKED)
+        report = convert_model(model, policy_from_name(policy), CHECKED)
         assert report.changed == (fingerprint(model) != fingerprint(fixture.model)), policy
         if policy == "always-f32":
             for got, want in zip(run(model, feeds), reference):
@@ -47,12 +48,12 @@ def test_onnx_light_models_keep_every_pass_contract(path: Path) -> None:
     for policy in ("always-f16", "auto-mixed", "auto-mixed-bf16"):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        convert_model(copy, policy, CHECKED)
+        convert_model(copy, policy_from_name(policy), CHECKED)
 
 
 def _passes(name: str = "transformer_block", policy: str = "always-f16") -> tuple[onnx.ModelProto, Plan, tuple]:
     model = HEALTHY[name]().model
-    plan, passes = conversion_passes(model, policy, ConvertOptions())
+    plan, passes = conversion_passes(model, policy_from_name(policy), ConvertOptions())
     return model, plan, passes
 
 
@@ -175,7 +176,7 @@ class _NoTemplates(dict):
 
 
 def _decisions(model: onnx.ModelProto, policy: str, templates: bool, **options: object) -> list[tuple]:
-    plan, (decide, _, _) = conversion_passes(model, policy, ConvertOptions(**options))
+    plan, (decide, _, _) = conversion_passes(model, policy_from_name(policy), ConvertOptions(**options))
     if not templates:
         decide._templates = _NoTemplates()
     decide(plan)

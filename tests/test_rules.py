@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp.policy import policy_from_name
 from rlx_onnx_amp.report import REASON_CODES
 from rlx_onnx_amp.rewrite import VARIABLE_RULES, ConvertOptions, conversion_passes
 from tests.helpers import assert_close, run
@@ -197,7 +198,7 @@ def test_kernel_table() -> None:
 
 
 def _decision(model: onnx.ModelProto, op: str, policy: str = "always-f16"):
-    plan, (decide, _, _) = conversion_passes(model, policy, ConvertOptions())
+    plan, (decide, _, _) = conversion_passes(model, policy_from_name(policy), ConvertOptions())
     decide(plan, check=True)
     assert plan.main is not None
     return next(d for d in plan.main.decisions if d.op == op)
