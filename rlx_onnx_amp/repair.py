@@ -51,11 +51,11 @@ from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
-from rlx_onnx_amp.ranges import ZERO_SINGULAR_INPUTS
+from rlx_onnx_amp.ranges import NumericFacts
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
-from rlx_onnx_amp.tensors import tensor_nbytes
+from rlx_onnx_amp.tensors import WeightSource, tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, scoped_graphs, subgraphs
 from rlx_onnx_amp.verification.compare import (
     Compared,
@@ -192,6 +192,7 @@ def magnitude_screen(
         values = session.run(feeds, names)
     del session
     screen = Screen()
+    facts = NumericFacts(model, WeightSource(None), {})
     producers: set[str] = set()
     for scope, graph in scoped_graphs(model.graph):
         producer = {o: f"{scope}{i}" for i, n in enumerate(graph.node) for o in n.output}
@@ -215,7 +216,8 @@ def magnitude_screen(
                 (i, k) for i, k in consumers.get(name, []) if not all(o in absorbed for o in graph.node[i].output if o)
             ]
             if singular_only:
-                readers = [(i, k) for i, k in readers if k in ZERO_SINGULAR_INPUTS.get(graph.node[i].op_type, ())]
+                # A Pow's base is singular only under an exponent not known non-negative (x**2 is 0 at 0).
+                readers = [(i, k) for i, k in readers if k in facts.singular_inputs(graph.node[i], scope)]
                 if not readers:
                     continue
             screen.keep.setdefault(producer[name], reason)

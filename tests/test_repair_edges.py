@@ -241,3 +241,34 @@ def test_culprits_everywhere_are_found_by_trying_the_whole_pool(tmp_path: Path) 
     stages = [h["stage"] for h in rep["history"]]
     assert stages[:5] == ["policy", "localize sub", "bisect 8 nodes", "bisect 8 nodes", "bisect all 16 nodes"], stages
     assert rep["passed"] and rep["best"]["evaluation"] == 4
+
+
+@pytest.mark.parametrize(("exponent", "kept"), [(2.0, set()), (-1.0, {"0", "1"})])
+def test_the_magnitude_screen_reads_a_pow_base_as_singular_only_under_a_negative_exponent(
+    exponent: float, kept: set[str]
+) -> None:
+    """x * g, where one gate of 8 is 1e-9, has a few values that flush to zero in f16: squared
+    they are 0, nothing singular (an RMSNorm's x**2), and the screen keeps nothing; raised to
+    -1 they are Inf, and the screen keeps the Mul that makes them and the Pow that reads them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from rlx_onnx_amp import convert
+    from rlx_onnx_amp.precision import Precision
+    from rlx_onnx_amp.repair import magnitude_screen
+    from rlx_onnx_amp.verification.compare import Scratch
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    gate = np.ones(8, np.float32)
+    gate[3] = 1e-9
+    inits = [numpy_helper.from_array(gate, "tiny"),
+             numpy_helper.from_array(np.array(exponent, np.float32), "e")]
+    model = helper.make_model(helper.make_graph([helper.make_node("Mul", ["x", "tiny"], ["t"]),
+                                                 helper.make_node("Pow", ["t", "e"], ["p"]),
+                                                 helper.make_node("Tanh", ["p"], ["y"])], "pow", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    candidate = convert(model, "always-f16", check=False)
+    feeds = {"x": np.random.default_rng(0).uniform(0.5, 1.0, (4, 8)).astype(np.float32)}
+    with Scratch("rlx-amp-test-") as tmp:
+        screen = magnitude_screen(model, candidate, feeds, Precision.F16, "cpu", tmp)
+    assert set(screen.keep) >= kept and (kept or not {"0", "1"} & set(screen.keep))
