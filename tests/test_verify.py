@@ -403,3 +403,29 @@ def test_a_constant_reference_is_named_and_its_pass_says_it_proves_little(tmp_pa
     assert "only max_abs <= atol was checked there" in (tmp_path / "r.md").read_text()
     (output,) = json.loads((tmp_path / "r.json").read_text())["verify"]["outputs"]
     assert output["constant_reference"] == 0.0 and output["cosine"] is None and output["passed"]
+
+
+def test_a_decoder_step_with_a_cache_gets_coherent_inputs() -> None:
+    """A generator's decoder step (optimum's, the genai builder's): past_key_values holds P
+    positions and input_ids S new ones, so the synthesized attention_mask covers P + S
+    positions, all ones, and position_ids count P .. P + S - 1 (random ones pointed past the
+    cache: optimum's Llama refused them, 'indices element out of data bounds')."""
+    from rlx_onnx_amp.verification.compare import input_sets
+
+    i64 = TensorProto.INT64
+    inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),
+              helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
+              helper.make_tensor_value_info("position_ids", i64, ["batch", "seq"]),
+              helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, ["batch", 2, "past", 4])]
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"])], "step", inputs,
+                          [helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["batch", 2, "past", 4])]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    (feeds,) = input_sets(model, VerifyOptions(spec=InputSpec(shapes={"past_key_values.0.key": (1, 2, 5, 4)})))
+    assert feeds["input_ids"].shape == (1, 8) and feeds["past_key_values.0.key"].shape == (1, 2, 5, 4)
+    np.testing.assert_array_equal(feeds["attention_mask"], np.ones((1, 13), np.int64))
+    np.testing.assert_array_equal(feeds["position_ids"], np.arange(5, 13, dtype=np.int64)[None])
+    # What the user says wins: a given mask shape and range are kept.
+    spec = InputSpec(shapes={"attention_mask": (1, 3)}, ranges={"position_ids": (0, 2)})
+    (given,) = input_sets(model, VerifyOptions(spec=spec))
+    assert given["attention_mask"].shape == (1, 3) and given["position_ids"].max() < 2

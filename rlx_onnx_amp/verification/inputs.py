@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import io
 import json
 import math
@@ -192,14 +193,58 @@ def branch_conditions(model: onnx.ModelProto) -> list[str]:
 def synthesized_sets(model: onnx.ModelProto, spec: InputSpec) -> list[dict[str, np.ndarray]]:
     """The seeded input sets of a verification: `spec.samples` of them, and at least two when
     an If's condition is a graph input, which then is False in the first set and True in the
-    second (and alternates), so each branch runs."""
+    second (and alternates), so each branch runs. A decoder step with a key/value cache gets
+    coherent inputs (`_cache_step`)."""
     conditions = [c for c in branch_conditions(model) if c not in spec.ranges]
     count = max(spec.samples, 2 if conditions else 1)
+    spec, values = _cache_step(model, spec)
     sets = [synthesize(model, spec, k) for k in range(count)]
     for k, feeds in enumerate(sets):
         for name in conditions:
             feeds[name] = np.full(feeds[name].shape, k % 2 == 1, dtype=np.bool_)
+        for name, value in values.items():
+            feeds[name] = np.broadcast_to(value, feeds[name].shape).astype(feeds[name].dtype)
     return sets
+
+
+#: A key/value cache input of a generator's decoder step (optimum, onnxruntime-genai).
+_PAST = re.compile(r"^(?:past_key_values|past)\.")
+
+
+def _cache_step(model: onnx.ModelProto, spec: InputSpec) -> tuple[InputSpec, dict[str, np.ndarray]]:
+    """For a decoder step that reads a past cache (`past_key_values.N.key`, P positions) and new
+    `input_ids` (S positions): an `attention_mask` over all P + S positions, all ones (no padding),
+    and `position_ids` P .. P + S - 1, where their axes are symbolic and the user gave neither
+    (random ones point past the cache, which the model's Gather or attention refuses). The spec
+    with those shapes, and the values to set."""
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    past = sorted(n for n in inputs if _PAST.match(n))
+    if not past or "input_ids" not in inputs or "attention_mask" not in inputs:
+        return spec, {}
+    past_shape, ids_shape = _shape(inputs[past[0]], spec), _shape(inputs["input_ids"], spec)
+    if len(past_shape) < 3 or len(ids_shape) != 2:
+        return spec, {}
+    batch, steps, cached = ids_shape[0], ids_shape[1], past_shape[-2]
+    shapes: dict[str, tuple[int, ...]] = {}
+    values: dict[str, np.ndarray] = {}
+    for name, shape, value in (
+        ("attention_mask", (batch, cached + steps), np.ones(1, np.int64)),
+        ("position_ids", (batch, steps), np.arange(cached, cached + steps, dtype=np.int64)),
+    ):
+        vi = inputs.get(name)
+        if vi is None or name in spec.shapes or not _symbolic(vi):
+            continue
+        shapes[name] = shape
+        if name not in spec.ranges:
+            values[name] = value
+    return dataclasses.replace(spec, shapes={**spec.shapes, **shapes}), values
+
+
+def _symbolic(vi: onnx.ValueInfoProto) -> bool:
+    """Whether some axis of an input is symbolic (a `dim_param`, or a negative `dim_value`)."""
+    dims = vi.type.tensor_type.shape.dim
+    return any(d.HasField("dim_param") or (d.HasField("dim_value") and d.dim_value < 0) or not (
+        d.HasField("dim_param") or d.HasField("dim_value")) for d in dims)
 
 
 def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict[str, np.ndarray]:
