@@ -194,7 +194,8 @@ def convert(
     `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes,
     keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu"),
     shapes (concrete input shapes for the cost model, name -> dims), cost (False: no cost model),
-    value_ranges (value name -> `ranges.ValueRange` from a reference run: rule range-screen).
+    value_ranges (value key, `ranges.scoped_name` -> `ranges.ValueRange` from a reference run:
+    rule range-screen).
     """
     resolved = resolve_policy(policy, kind_map)
     opts = _options(options, option_kwargs)

@@ -451,15 +451,13 @@ def convert_cmd(
         job.screen, job.verify_required = screen and not do_repair, bool(do_verify)
         if not verifying and not quiet:
             click.echo("rlx-amp: note: --no-verify: nothing was measured; the output's drift is unknown", err=True)
-        if directory:
-            _convert_directory(job, directory, Path(targets[0]))
         batch = len(models) > 1 or directory is not None
         if jobs < 0:
             raise InputError("--jobs must be 0 (one per CPU) or more")
         workers = min(jobs or os.cpu_count() or 1, len(models))
         with OutputSet(paths.protected()) as outputs:
-            if directory:
-                pass  # converted and committed whole by _convert_directory
+            if directory:  # staged and put in place whole, before the reports
+                _convert_directory(job, directory, Path(targets[0]))
             elif not batch:  # one model: model and reports are committed together
                 job.convert(models[0], targets[0], outputs)
             elif workers > 1:
@@ -542,9 +540,7 @@ class _ConvertJob:
     def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> None:
         """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
         the reports name (a directory's file, staged elsewhere until the directory is whole)."""
-        self._convert(src, dst, outputs, shown or dst)
-
-    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> None:
+        shown = shown or dst
         if self.repair:
             assert self.verify_options is not None
             report, result, repaired = repair_file(

@@ -126,12 +126,11 @@ class NumericFacts:
     """The facts of one model that the numeric keep rules read, each computed on first use.
     Values are keyed by `scoped_name`."""
 
-    def __init__(self, model: onnx.ModelProto, source: WeightSource, value_ranges: Mapping[str, ValueRange]) -> None:
+    def __init__(self, model: onnx.ModelProto, source: WeightSource) -> None:
         self.model = model
         self.source = source
-        self.value_ranges = value_ranges
         self._weights: dict[str, TensorProto | NodeProto] | None = None
-        self._weight_max: dict[str, float] = {}
+        self._weight_max: dict[str, float] | None = None  # key -> largest finite magnitude, once read
         self._scope_of: dict[str, str] = {}  # weight key -> the path of the graph holding it
         self._consumers: dict[int, dict[str, list[tuple[NodeProto, int]]]] = {}
         self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
@@ -184,8 +183,9 @@ class NumericFacts:
     def _maxima(self) -> dict[str, float]:
         """Every float weight's largest finite magnitude, by key, read once: the small inline
         tensors (most of a large graph's) in one numpy pass, the others one by one in chunks."""
-        if self._weight_max:
+        if self._weight_max is not None:
             return self._weight_max
+        self._weight_max = found_max = {}
         table = self._weight_table()
         small: list[tuple[str, bytes]] = []
         for key, holder in table.items():
@@ -195,14 +195,14 @@ class NumericFacts:
                 continue
             found = self._max_of(holder)
             if found is not None:
-                self._weight_max[key] = found
+                found_max[key] = found
         if small:
             values = np.abs(np.frombuffer(b"".join(raw for _, raw in small), dtype=np.float32))
             values = np.where(np.isfinite(values), values, np.float32(0))
             starts = np.cumsum([0] + [len(raw) // 4 for _, raw in small[:-1]])
             for (key, _), top in zip(small, np.maximum.reduceat(values, starts)):
-                self._weight_max[key] = float(top)
-        return self._weight_max
+                found_max[key] = float(top)
+        return found_max
 
     def _max_of(self, holder: TensorProto | NodeProto) -> float | None:
         if isinstance(holder, TensorProto):

@@ -192,7 +192,7 @@ def magnitude_screen(
         values = session.run(feeds, names)
     del session
     screen = Screen()
-    facts = NumericFacts(model, WeightSource(None), {})
+    facts = NumericFacts(model, WeightSource(None))
     producers: set[str] = set()
     for scope, graph in scoped_graphs(model.graph):
         producer = {o: f"{scope}{i}" for i, n in enumerate(graph.node) for o in n.output}

@@ -142,8 +142,9 @@ class ConvertOptions:
     #: and a second conversion of it that must change nothing, among others. For tests and
     #: for a model that looks mis-converted; a broken promise raises PassContractError.
     check_contracts: bool = False
-    #: Value name -> what one f32 reference run saw of it (the range screen,
-    #: `verification.screen`): rule range-screen keeps the nodes whose values pass the range.
+    #: Value key (`ranges.scoped_name`: its name, after the path of the body defining it) -> what
+    #: one f32 reference run saw of it (the range screen, `verification.screen`): rule
+    #: range-screen keeps the nodes whose values pass the range.
     value_ranges: Mapping[str, ValueRange] = field(default_factory=dict)
 
 
@@ -597,7 +598,7 @@ class _Conversion:
         self.saturated = 0  # f32 sources clamped to the low range (the store pass)
         self.relocated = False  # unconverted weights moved into the sink's file
         self.clamped: dict[str, ClampStats] = {}
-        self.numeric = NumericFacts(model, source, options.value_ranges)
+        self.numeric = NumericFacts(model, source)
 
     @property
     def used_names(self) -> set[str]:

@@ -18,7 +18,7 @@ from rlx_onnx_amp.ranges import ValueRange, scoped_name
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS
 from rlx_onnx_amp.types import model_types, subgraphs
 
-__all__ = ["ScreenPlan", "expose_body_values", "screen_plan"]
+__all__ = ["ScreenPlan", "expose_body_values"]
 
 _FLOAT = onnx.TensorProto.FLOAT
 
@@ -36,21 +36,20 @@ class ScreenPlan:
         #: `ranges.scoped_name`: an If's branches may reuse a name).
         self.surfaced = [(out, scoped_name(scope, value)) for out, scope, value in surfaced]
         self.fetch = list(dict.fromkeys([*outputs, *self.values, *(out for out, _ in self.surfaced)]))
-        self.model = onnx.ModelProto()
-        self.model.CopyFrom(exposed)
+        if exposed is model:  # expose_body_values gave a copy already; the main graph alone did not
+            exposed = onnx.ModelProto()
+            exposed.CopyFrom(model)
+        self.model = exposed
         extra = [n for n in (*self.values, *(out for out, _ in self.surfaced)) if n not in have]
         self.model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra)
 
     def ranges(self, fetched: Mapping[str, np.ndarray], into: dict[str, ValueRange]) -> None:
-        """Fold one run's values into `into` (value name -> range over every run so far)."""
+        """Fold one run's values into `into` (value key, `ranges.scoped_name` -> range over every
+        run so far)."""
         for name in self.values:
             _fold(into, name, fetched.get(name))
         for out, value in self.surfaced:
             _fold(into, value, fetched.get(out))
-
-
-def screen_plan(model: onnx.ModelProto, outputs: Sequence[str], bodies: bool = True) -> ScreenPlan:
-    return ScreenPlan(model, outputs, bodies)
 
 
 def _fold(into: dict[str, ValueRange], name: str, values: np.ndarray | None) -> None:
