@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.report import REASON_CODES, ConversionReport
+from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.rewrite.rules import REASON_CODES
 from rlx_onnx_amp.verification.metrics import OutputDrift
 
 __all__ = [

@@ -10,33 +10,7 @@ from rlx_onnx_amp.cost import Cost
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import OpKind
 
-__all__ = ["REASON_CODES", "ConversionReport", "KeptNode"]
-
-#: The code of each of the rules stopping a node from simply running at its kind's precision, in
-#: precedence order (`rewrite.KEEP_RULES` is the same list): stable for reports, repair and
-#: tests, whatever the reason's wording. `kept_f32[].code` holds those that keep a node the
-#: policy wanted lower; the others (a source, a Cast, the policy's own f32, nothing to lower)
-#: are silent, and only `why_not_keepable` names them.
-REASON_CODES: dict[str, str] = {
-    "source-follows-consumers": "Constant/ConstantOfShape: its values take the precision its readers want",
-    "cast-keeps-to": "an existing Cast, CastLike or BitCast keeps the type it makes",
-    "non-tensor": "reads or makes sequence/optional values, which keep their types",
-    "control-flow": "If/Loop/Scan: the interface keeps its types, the bodies are rewritten",
-    "unknown-op": "an op the taxonomy does not know",
-    "policy-f32": "the policy runs its kind at f32",
-    "user-keep": "kept on request: --keep-f32-op, --keep-f32-node, or a node path (repair's keeps)",
-    "cast-unavailable": "the Casts around it cannot be written at the model's default-domain opset",
-    "kernel-gap": "onnxruntime has no kernel for it in low precision with these attributes",
-    "qdq-region": "reads DequantizeLinear or feeds QuantizeLinear: onnxruntime runs it quantized",
-    "no-schema": "no schema for the op at the model's opset",
-    "schema-admits": "a type variable of its schema does not admit the low type",
-    "kernel-table": "the target provider has no kernel for the op in the low type",
-    "nothing-to-lower": "none of its type variables holds f32 values (integers, bool, or values already low)",
-    "dequantize-arithmetic": "dequantizes an integer accumulator (MatMulInteger/ConvInteger) or a run-time scale",
-    "weight-range": "reads a weight past the low type's range that is no mask sentinel (clamping would rescale it)",
-    "range-screen": "on the reference inputs, it makes or reads values the low type cannot hold",
-}
-
+__all__ = ["ConversionReport", "KeptNode"]
 
 @dataclass(frozen=True)
 class KeptNode:
@@ -46,7 +20,7 @@ class KeptNode:
     op: str
     reason: str
     path: str
-    code: str | None = None  # REASON_CODES
+    code: str | None = None  # rewrite.rules.REASON_CODES
 
     def to_json(self) -> dict[str, str | None]:
         return {"node": self.node, "op": self.op, "reason": self.reason, "path": self.path, "code": self.code}
@@ -76,7 +50,7 @@ class ConversionReport:
     #: repair may spend an evaluation on. Constant-like nodes, fixed-type ops (Cast), control
     #: flow, unknown ops and nodes already in f32 are not among them.
     keepable: dict[str, tuple[str, str]] = field(default_factory=dict)
-    #: Node path -> the code of the deciding rule (REASON_CODES), for every node one of the rules
+    #: Node path -> the code of the deciding rule (rewrite.rules.REASON_CODES), for every node one of the rules
     #: stopped from running at its kind's precision, silent rules included.
     rules: dict[str, str] = field(default_factory=dict)
     data_files: list[str] = field(default_factory=list)  # external data files written beside the output
@@ -138,6 +112,8 @@ class ConversionReport:
         """How many nodes each of the rules decided (`rules`), in the order of their list;
         those that decided none are left out. Lowered nodes are not counted: none of the
         rules stopped them."""
+        from rlx_onnx_amp.rewrite.rules import REASON_CODES  # the rules import this module's types
+
         counts = Counter(self.rules.values())
         return {code: counts[code] for code in REASON_CODES if counts[code]}
 
@@ -151,4 +127,6 @@ class ConversionReport:
         code = self.rules.get(path)
         if code is None:
             return "it already keeps its original types"
+        from rlx_onnx_amp.rewrite.rules import REASON_CODES  # the rules import this module's types
+
         return f"rule {code}: {REASON_CODES[code]}"

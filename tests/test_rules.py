@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp import ConversionReport, convert
 from rlx_onnx_amp.policy import policy_from_name
-from rlx_onnx_amp.report import REASON_CODES
 from rlx_onnx_amp.rewrite import VARIABLE_RULES, ConvertOptions, conversion_passes
+from rlx_onnx_amp.rewrite.rules import REASON_CODES
 from tests.helpers import assert_close, run
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16

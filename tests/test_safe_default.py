@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, UNSAFE_BY_DEFAULT, Fixture
 from rlx_onnx_amp import ConversionReport, convert
-from rlx_onnx_amp import rewrite as rewrite_module
+from rlx_onnx_amp.rewrite import decide as decide_module
+from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.verification import VerifyOptions, verify
 from rlx_onnx_amp.verification.inputs import InputSpec
 from rlx_onnx_amp.verification.reference import prepare_reference
@@ -71,9 +72,9 @@ def test_the_plain_command_keeps_each_pattern_safe(name: str, tmp_path: Path) ->
 
 def _without_the_new_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """The converter as it was before rules dequantize-arithmetic, weight-range and range-screen."""
-    kept = tuple(r for r in rewrite_module._PER_NODE_RULES if r.code == "user-keep")
-    monkeypatch.setattr(rewrite_module, "_PER_NODE_RULES", kept)
-    monkeypatch.setattr(rewrite_module.EmitPass, "_narrowed_copy", lambda self, owner, name, want: None)
+    kept = tuple(r for r in decide_module.PER_NODE_RULES if r.code == "user-keep")
+    monkeypatch.setattr(decide_module, "PER_NODE_RULES", kept)
+    monkeypatch.setattr(EmitPass, "_narrowed_copy", lambda self, owner, name, want: None)
 
 
 @pytest.mark.parametrize("name", [n for n in UNSAFE_BY_DEFAULT if n != "paddle_batch_dim"])

@@ -76,7 +76,8 @@ def test_the_plain_command_keeps_the_dequantize_arithmetic_of_a_quantized_bert(q
 def test_the_quantized_bert_fails_verification_without_the_new_rules(quantized_bert: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from rlx_onnx_amp import convert
-    from rlx_onnx_amp import rewrite as rewrite_module
+    from rlx_onnx_amp.rewrite import decide as decide_module
+    from rlx_onnx_amp.rewrite.emit import EmitPass
     from rlx_onnx_amp.verification import VerifyOptions, verify
 
     # Control: the same in-process conversion with the rules on passes.
@@ -85,9 +86,9 @@ def test_the_quantized_bert_fails_verification_without_the_new_rules(quantized_b
     assert verify(quantized_bert, on, VerifyOptions(provider="cpu")).passed
     # The converter as it was before rules dequantize-arithmetic, weight-range and range-screen
     # (as tests/test_safe_default.py's _without_the_new_rules).
-    kept = tuple(r for r in rewrite_module._PER_NODE_RULES if r.code == "user-keep")
-    monkeypatch.setattr(rewrite_module, "_PER_NODE_RULES", kept)
-    monkeypatch.setattr(rewrite_module.EmitPass, "_narrowed_copy", lambda self, owner, name, want: None)
+    kept = tuple(r for r in decide_module.PER_NODE_RULES if r.code == "user-keep")
+    monkeypatch.setattr(decide_module, "PER_NODE_RULES", kept)
+    monkeypatch.setattr(EmitPass, "_narrowed_copy", lambda self, owner, name, want: None)
     out = tmp_path / "off.onnx"
     onnx.save(convert(str(quantized_bert), "auto-mixed"), str(out))
     result = verify(quantized_bert, out, VerifyOptions(provider="cpu"))

@@ -82,8 +82,8 @@ def _design_table(after: str) -> list[list[str]]:
 def test_reason_codes_match_the_design_table() -> None:
     """docs/design.md's table of keep rules is REASON_CODES, in order, with the same words,
     each rule's effect and an example each."""
-    from rlx_onnx_amp.report import REASON_CODES
     from rlx_onnx_amp.rewrite import RULES_BY_CODE
+    from rlx_onnx_amp.rewrite.rules import REASON_CODES
 
     table = _design_table("**Keep rules**")
     for code, text in REASON_CODES.items():
@@ -114,8 +114,8 @@ def test_variable_rules_match_the_design_table() -> None:
 def test_the_rule_list_is_the_precedence_of_the_reason_codes() -> None:
     """rewrite.KEEP_RULES, in order, is REASON_CODES in order: one list, one precedence, every
     rule a code, a one-line docstring and an effect."""
-    from rlx_onnx_amp.report import REASON_CODES
     from rlx_onnx_amp.rewrite import KEEP_RULES
+    from rlx_onnx_amp.rewrite.rules import REASON_CODES
 
     for rule in KEEP_RULES:
         print(f"{rule.code:26s} {rule.effect.value}{', per node' if rule.per_node else ''}: {rule.check.__doc__}")

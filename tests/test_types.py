@@ -65,7 +65,7 @@ def test_schema_types_give_up_on_control_flow_and_untyped_outputs() -> None:
 def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.MonkeyPatch) -> None:
     """The converter types the main graph from the schemas while it decides (one sweep); forced
     onto onnx's inference instead, it must write the same model and the same report."""
-    converter = importlib.import_module("rlx_onnx_amp.rewrite")
+    converter = importlib.import_module("rlx_onnx_amp.rewrite.decide")
     models = _models()
     inferred: list[str] = []
     infer_types = converter.infer_types
