@@ -1,4 +1,4 @@
-"""Sweep 1 of the rewrite: each node's precision, or the keep rule that stops it."""
+"""Sweep 1 of the rewrite: each node's precision, or the first of the keep rules to stop it."""
 
 from __future__ import annotations
 

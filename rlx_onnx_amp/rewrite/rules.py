@@ -111,7 +111,7 @@ class KeepRule:
 
 
 class RuleContext(Protocol):
-    """What a keep rule may ask beyond its node's facts: the conversion's settings and what is
+    """What the keep rules may ask beyond its node's facts: the conversion's settings and what is
     known of the model's values. `DecideContext` is the converter's; a test can pass its own."""
 
     provider: Target  # the execution provider the model is converted for
