@@ -30,7 +30,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.tensors import WeightSource, is_external
-from rlx_onnx_amp.types import names_read, scoped_graphs, subgraphs
+from rlx_onnx_amp.types import NodeFields, names_read, scoped_graphs, subgraphs
 
 __all__ = [
     "INTEGER_ACCUMULATORS",
@@ -126,9 +126,11 @@ class NumericFacts:
     """The facts of one model that the numeric keep rules read, each computed on first use.
     Values are keyed by `scoped_name`."""
 
-    def __init__(self, model: onnx.ModelProto, source: WeightSource) -> None:
+    def __init__(self, model: onnx.ModelProto, source: WeightSource, fields: NodeFields | None = None) -> None:
+        """`fields`: the main graph's nodes already read (`types.NodeFields`), to read them once."""
         self.model = model
         self.source = source
+        self._graphs = scoped_graphs(model.graph, fields)
         self._weights: dict[str, TensorProto | NodeProto] | None = None
         self._weight_max: dict[str, float] | None = None  # key -> largest finite magnitude, once read
         self._scope_of: dict[str, str] = {}  # weight key -> the path of the graph holding it
@@ -141,9 +143,12 @@ class NumericFacts:
         self._sources: list[tuple[str, NodeProto]] = []
         self.has_accumulators = False
         scales: list[str] = []
-        for path, graph in scoped_graphs(model.graph):
-            for node in graph.node:
-                op = node.op_type
+        wanted = frozenset(SOURCE_VALUE_ATTRIBUTES) | accumulators | frozenset(RUNTIME_SCALES)
+        for path, graph in self._graphs:
+            nodes = graph.node
+            ops = fields.ops if fields is not None and not path else [n.op_type for n in nodes]
+            for i in [i for i, op in enumerate(ops) if op in wanted]:
+                node, op = nodes[i], ops[i]
                 if op in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS and node.output:
                     self._sources.append((path, node))
                 elif op in accumulators:
@@ -159,7 +164,7 @@ class NumericFacts:
         """Float weights by key: initializers and Constant-like nodes, bodies included."""
         if self._weights is None:
             table: dict[str, TensorProto | NodeProto] = {}
-            for path, graph in scoped_graphs(self.model.graph):
+            for path, graph in self._graphs:
                 for init in graph.initializer:
                     if init.data_type == _F32:
                         table[scoped_name(path, init.name)] = init
@@ -236,7 +241,7 @@ class NumericFacts:
         if self._singular is None:
             self._singular = frozenset(
                 scoped_name(path, node.input[k])
-                for path, graph in scoped_graphs(self.model.graph)
+                for path, graph in self._graphs
                 for node in graph.node
                 for k in self.singular_inputs(node, path)
                 if k < len(node.input) and node.input[k]
@@ -246,7 +251,7 @@ class NumericFacts:
     def _nonnegative(self, scope: str, name: str) -> bool:
         holder = self._weight_table().get(scoped_name(scope, name)) or self._weight_table().get(name)
         if holder is None:  # an integer or double exponent: any initializer of that name
-            inits = (t for _, g in scoped_graphs(self.model.graph) for t in g.initializer)
+            inits = (t for _, g in self._graphs for t in g.initializer)
             holder = next((t for t in inits if t.name == name), None)
         if isinstance(holder, TensorProto) and holder.data_type in _NUMERIC_EXPONENTS:
             values = np.asarray(self.source.read(holder))
@@ -272,7 +277,7 @@ class NumericFacts:
         sentinels: set[str] = set()
         tainted: set[str] = set()
         table = self._weight_table()
-        for path, graph in scoped_graphs(self.model.graph):
+        for path, graph in self._graphs:
             consumers = self._consumers_of(graph)
             outputs = {o.name for o in graph.output} | _read_in_bodies(graph)
             names = [key[len(path) :] for key in table if self._scope_of[key] == path]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import onnx
 import onnx.shape_inference
@@ -34,6 +34,7 @@ __all__ = [
     "NON_TENSOR",
     "OUTPUT_TYPE_ATTRIBUTE",
     "FreshNames",
+    "NodeFields",
     "ScopeTypes",
     "all_graphs",
     "all_tensors",
@@ -118,9 +119,9 @@ def subgraphs(node: onnx.NodeProto) -> list[tuple[str, GraphProto]]:
     return found
 
 
-def scoped_graphs(graph: GraphProto) -> list[tuple[str, GraphProto]]:
+def scoped_graphs(graph: GraphProto, fields: NodeFields | None = None) -> list[tuple[str, GraphProto]]:
     """Every graph with its scope path ("" for the main graph, "3/body/" for the body of node
-    3), outer graphs first: the keys of `model_types`."""
+    3), outer graphs first: the keys of `model_types`. `fields`: `graph`'s nodes already read."""
     found = []
 
     def walk(g: GraphProto, scope: str) -> None:
@@ -129,7 +130,15 @@ def scoped_graphs(graph: GraphProto) -> list[tuple[str, GraphProto]]:
             for key, body in subgraphs(node):
                 walk(body, f"{scope}{i}/{key}/")
 
-    walk(graph, "")
+    if fields is None:
+        walk(graph, "")
+        return found
+    found.append(("", graph))
+    nodes = graph.node
+    for i, op in enumerate(fields.ops):
+        if op in GRAPH_OPS or fields.domains[i] not in DEFAULT_DOMAINS:
+            for key, body in subgraphs(nodes[i]):
+                walk(body, f"{i}/{key}/")
     return found
 
 
@@ -194,53 +203,83 @@ def structure_copy(model: ModelProto) -> ModelProto:
     return stub
 
 
-def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset()) -> int:
+class NodeFields(NamedTuple):
+    """Each node's op type, domain, inputs and outputs, read once from a graph's protobuf: the
+    reads are the slow part of a sweep (a 200,000-node graph's inputs and outputs take about
+    0.6 s to copy out), so the passes of one conversion share one read of the main graph."""
+
+    ops: list[str]
+    domains: list[str]
+    inputs: list[list[str]]
+    outputs: list[list[str]]
+
+    @classmethod
+    def read(cls, graph: GraphProto) -> NodeFields:
+        nodes = graph.node
+        # A slice copies a repeated field to a list twice as fast as list().
+        ops, domains = [n.op_type for n in nodes], [n.domain for n in nodes]
+        return cls(ops, domains, [n.input[:] for n in nodes], [n.output[:] for n in nodes])
+
+
+def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), fields: NodeFields | None = None) -> int:
     """Put `graph`'s nodes (and its bodies', at any depth) in an order where each node comes
     after the producers of what it reads, its bodies' reads of this graph's values included;
     the nodes already in order keep it. onnxruntime loads a model whose nodes are out of order
     and the checker refuses it; the rewrite, which types values in node order, needs them in
     order. Returns how many graphs were reordered; a graph whose reads cannot all be met (a
     cycle, an undefined name) is left as it is, for the checker to name. onnx itself has no
-    sort over a GraphProto (onnx-ir sorts its own IR, which a round trip would re-serialize)."""
+    sort over a GraphProto (onnx-ir sorts its own IR, which a round trip would re-serialize).
+    `fields`: the graph's nodes already read (`NodeFields`)."""
     defined = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     nodes = list(graph.node)
+    ops, domains, inputs, outputs = fields if fields is not None else NodeFields.read(graph)
     reordered = 0
     known = set(defined)
     in_order = True
     holds_bodies = GRAPH_OPS  # of the default domain's ops, only these hold graphs
-    for node in nodes:  # the common case, in order: one pass of C-level set checks
+    for i, outs in enumerate(outputs):  # the common case, in order: one pass of C-level set checks
         if in_order:
-            plain = node.op_type not in holds_bodies and node.domain in DEFAULT_DOMAINS
-            in_order = known.issuperset(node.input[:] if plain else _reads(node))
-        known.update(node.output[:])
-    if not in_order:
-        needs = [_reads(node) for node in nodes]
-        producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
-        waits = [{producer[n] for n in reads if n in producer and n not in defined} for reads in needs]
-        readers: dict[int, list[int]] = {}
-        for i, deps in enumerate(waits):
-            for j in deps:
-                readers.setdefault(j, []).append(i)
-        ready = [i for i, deps in enumerate(waits) if not deps]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for k in readers.get(i, ()):
-                waits[k].discard(i)
-                if not waits[k]:
-                    heapq.heappush(ready, k)
-        if len(order) == len(nodes) and order != sorted(order):
-            position = {i: rank for rank, i in enumerate(order)}
-            keys = iter([position[i] for i in range(len(nodes))])
-            graph.node.sort(key=lambda _: next(keys))
-            reordered += 1
+            plain = ops[i] not in holds_bodies and domains[i] in DEFAULT_DOMAINS
+            in_order = known.issuperset(inputs[i] if plain else _reads(nodes[i]))
+        known.update(outs)
+    if not in_order and _sort_nodes(graph, nodes, defined):
+        reordered += 1
+        nodes = list(graph.node)
+        ops, domains = [n.op_type for n in nodes], [n.domain for n in nodes]
     names = frozenset(known)
-    for node in graph.node:
-        for _, body in subgraphs(node):
-            reordered += sort_topologically(body, names)
+    for i, op in enumerate(ops):
+        if op in holds_bodies or domains[i] not in DEFAULT_DOMAINS:
+            for _, body in subgraphs(nodes[i]):
+                reordered += sort_topologically(body, names)
     return reordered
+
+
+def _sort_nodes(graph: GraphProto, nodes: list[onnx.NodeProto], defined: set[str]) -> bool:
+    """Sort the graph's nodes so that each follows its producers, the nodes in order keeping
+    their order; whether they moved (not when a read cannot be met: a cycle, an undefined name)."""
+    needs = [_reads(node) for node in nodes]
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    waits = [{producer[n] for n in reads if n in producer and n not in defined} for reads in needs]
+    readers: dict[int, list[int]] = {}
+    for i, deps in enumerate(waits):
+        for j in deps:
+            readers.setdefault(j, []).append(i)
+    ready = [i for i, deps in enumerate(waits) if not deps]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in readers.get(i, ()):
+            waits[k].discard(i)
+            if not waits[k]:
+                heapq.heappush(ready, k)
+    if len(order) != len(nodes) or order == sorted(order):
+        return False
+    position = {i: rank for rank, i in enumerate(order)}
+    keys = iter([position[i] for i in range(len(nodes))])
+    graph.node.sort(key=lambda _: next(keys))
+    return True
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:

@@ -19,7 +19,7 @@ from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.rewrite.plan import Conversion, ConvertOptions, Plan
 from rlx_onnx_amp.rewrite.store import StorePass
 from rlx_onnx_amp.tensors import WeightSink, WeightSource
-from rlx_onnx_amp.types import sort_topologically
+from rlx_onnx_amp.types import NodeFields, sort_topologically
 
 __all__ = ["conversion_passes", "convert_model"]
 
@@ -46,10 +46,10 @@ def convert_model(
     """
     options = options or ConvertOptions()
     report = report or ConversionReport()
-    plan, passes = _plan(
-        model, policy, options, report, source or WeightSource(None), sink or WeightSink(), weights, progress
-    )
     with _gc_paused():
+        plan, passes = _plan(
+            model, policy, options, report, source or WeightSource(None), sink or WeightSink(), weights, progress
+        )
         run_passes(plan, passes, options.check_contracts)
         if options.cost:
             report.cost = estimate_cost(model, options.shapes)
@@ -84,13 +84,15 @@ def _plan(
     report.target = options.target.value
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{report.model or 'model'}: the graph is empty")
-    conversion = Conversion(model, policy, options, source, sink, report, weights, progress)
     # The passes type values in node order: nodes out of order (onnxruntime loads such a model,
     # the checker does not) are put in order first, and the report counts it as a change.
-    reordered = sort_topologically(model.graph)
+    fields = NodeFields.read(model.graph)
+    reordered = sort_topologically(model.graph, fields=fields)
     if reordered:
         logger.info("%d graphs had nodes out of topological order: sorted", reordered)
-        conversion.edits += reordered
+        fields = NodeFields.read(model.graph)
+    conversion = Conversion(model, policy, options, source, sink, report, weights, progress, fields)
+    conversion.edits += reordered
     return Plan(model), (DecidePass(conversion), StorePass(conversion), EmitPass(conversion))
 
 

@@ -28,6 +28,7 @@ from rlx_onnx_amp.types import (
     ATTRIBUTE_TYPED_OUTPUTS,
     GRAPH_OPS,
     FreshNames,
+    NodeFields,
     ScopeTypes,
     attribute_output_type,
     declared_types,
@@ -111,15 +112,15 @@ class DecidePass(Pass[Plan]):
         way raises `Untyped`, and the caller starts over with onnx's inference.
         """
         nodes = scope.graph.node
-        op_types = [n.op_type for n in nodes]  # one read of a field every node needs
+        # One read of each node's fields (`types.NodeFields`): the main graph's was read for every pass.
+        fields = self.cx.fields if scope.parent is None else NodeFields.read(scope.graph)
+        op_types, domains, inputs, outputs = fields
         scope.scan_qdq(nodes, op_types)
         orig, templates, prefix, used = scope.orig, self.templates, scope.path, self.cx.used_names
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         templated = not scope.has_qdq
         for i, node in enumerate(nodes):
-            op = op_types[i]
-            domain = node.domain
-            ins, outs = node.input[:], node.output[:]  # a slice copies to a list twice as fast as list()
+            op, domain, ins, outs = op_types[i], domains[i], inputs[i], outputs[i]
             path = f"{prefix}{i}"
             holds_body = op in GRAPH_OPS or domain not in DEFAULT_DOMAINS
             children = self._bodies(scope, node, path, types) if holds_body else []

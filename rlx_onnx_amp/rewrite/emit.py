@@ -225,10 +225,15 @@ class EmitPass(Pass[Plan]):
         """Point node i's inputs at the names holding them at the types it reads them at."""
         node, input_types = d.node, d.input_types
         position = _slot(i, _READ)
+        # The common case, decided here without a call: a value of this scope, not renamed,
+        # read at the type it has.
+        defined, storage, orig, renames = scope.defined, scope.storage, scope.orig, bool(scope.rename)
         for k, name in enumerate(d.inputs):
             if not name:
                 continue
             want = input_types[k] if k in input_types else orig_type(name)
+            if not renames and name in defined and (want is None or want == (storage.get(name) or orig.get(name))):
+                continue
             resolved = self.resolve(scope, name, want, position)
             if resolved != name:
                 node.input[k] = resolved

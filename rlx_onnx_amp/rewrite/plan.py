@@ -17,7 +17,7 @@ from rlx_onnx_amp.ranges import NumericFacts, ValueRange
 from rlx_onnx_amp.report import ConversionReport
 from rlx_onnx_amp.taxonomy import QDQ_CONSUMERS, QDQ_PRODUCERS, OpKind, canonical_domain
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource
-from rlx_onnx_amp.types import FreshNames, opset_versions
+from rlx_onnx_amp.types import FreshNames, NodeFields, opset_versions
 
 __all__ = ["Conversion", "ConvertOptions", "NodeDecision", "Plan", "Scope", "Stage"]
 
@@ -209,7 +209,10 @@ class Conversion:
         report: ConversionReport,
         weights: bool = True,
         progress: Callable[[int], None] | None = None,
+        fields: NodeFields | None = None,
     ) -> None:
+        #: The main graph's nodes, read once for every pass (`types.NodeFields`; None: read them).
+        self.fields = fields if fields is not None else NodeFields.read(model.graph)
         self.weights = weights
         self.progress = progress
         self.model = model
@@ -227,7 +230,7 @@ class Conversion:
         self.saturated = 0  # f32 sources clamped to the low range (the store pass)
         self.relocated = False  # unconverted weights moved into the sink's file
         self.clamped: dict[str, ClampStats] = {}
-        self.numeric = NumericFacts(model, source)
+        self.numeric = NumericFacts(model, source, self.fields)
 
     @property
     def used_names(self) -> set[str]:

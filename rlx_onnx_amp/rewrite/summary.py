@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from rlx_onnx_amp.precision import FLOAT_TYPES, precision_of_elem_type
+from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
 from rlx_onnx_amp.report import KeptNode
 from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Scope
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind
@@ -19,11 +19,12 @@ def fill_report(cx: Conversion, main: Scope) -> None:
     unknown: list[str] = []
     tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
     decisions, kept, keepable, rules = report.decisions, report.kept_f32, report.keepable, report.rules
+    value_of = {p: p.value for p in Precision}  # an Enum's .value is a descriptor call: once per member
 
     def walk(scope: Scope) -> None:  # node by node, each body right after the node that holds it
         children = scope.children
         for i, d in enumerate(scope.decisions):
-            prec = d.precision.value if d.precision is not None else _reported_precision(d, scope)
+            prec = value_of[d.precision] if d.precision is not None else _reported_precision(d, scope)
             tally[(d.kind, d.domain, d.op, prec)] += 1  # counted per kind and op below, once per distinct row
             decisions[d.path] = prec or "none"
             if d.keepable and d.precision is not None:
