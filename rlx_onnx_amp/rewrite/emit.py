@@ -227,12 +227,13 @@ class EmitPass(Pass[Plan]):
         position = _slot(i, _READ)
         # The common case, decided here without a call: a value of this scope, not renamed,
         # read at the type it has.
-        defined, storage, orig, renames = scope.defined, scope.storage, scope.orig, bool(scope.rename)
+        defined, storage, orig, rename = scope.defined, scope.storage, scope.orig, scope.rename
         for k, name in enumerate(d.inputs):
             if not name:
                 continue
             want = input_types[k] if k in input_types else orig_type(name)
-            if not renames and name in defined and (want is None or want == (storage.get(name) or orig.get(name))):
+            here = name in defined and name not in rename
+            if here and (want is None or want == (storage.get(name) or orig.get(name))):
                 continue
             resolved = self.resolve(scope, name, want, position)
             if resolved != name:
