@@ -151,7 +151,8 @@ class DecidePass(Pass[Plan]):
                 for out in child.graph.output:  # bodies hand back their original types
                     child.want(out.name, child.orig_type(out.name))
             used.update(outs)
-            used.add(node.name)
+            decision.name = node_name = node.name
+            used.add(node_name)
             scope.record(decision, ins, outs, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:

@@ -80,10 +80,11 @@ class NodeDecision:
     source: bool = False  # a Constant-like node whose type follows its consumers
     keepable: bool = False  # the policy wants it lower, so a user keep (rule user-keep) applies to it
     code: str | None = None  # the deciding rule of `rules.KEEP_RULES`; None: lowered
+    name: str = ""  # the node's name, read once
 
     @property
     def label(self) -> str:
-        return self.node.name or f"{self.op}@{self.path}"
+        return self.name or f"{self.op}@{self.path}"
 
 
 class Scope:
