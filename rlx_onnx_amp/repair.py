@@ -65,14 +65,13 @@ from rlx_onnx_amp.verification.compare import (
     open_compared,
     pair_runs,
     run_each,
-    tolerance_for,
 )
 from rlx_onnx_amp.verification.core import VerifyReport, verify
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.localize import expose_outputs, localize
-from rlx_onnx_amp.verification.metrics import Tolerance
 from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
 from rlx_onnx_amp.verification.screen import expose_body_values
+from rlx_onnx_amp.verification.tolerance import Tolerance
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key", "magnitude_screen", "repair_file"]
 
@@ -491,7 +490,7 @@ def _repair(
             screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
             if screen.keep:
                 current = search.step("magnitude screen", screen.keep)
-        tol = tolerance_for("", precision, verify_options)
+        tol = verify_options.tolerance.for_output("", precision)
         # Until some candidate passes: a bisection can pass on a half and end on a failing node,
         # and starting over from there would only add nodes that do not help.
         while not search.best.passed and search.left >= 1:

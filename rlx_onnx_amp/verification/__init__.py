@@ -6,8 +6,9 @@ from __future__ import annotations
 from rlx_onnx_amp.verification.compare import PROVIDERS, VerifyOptions, resolve_provider
 from rlx_onnx_amp.verification.core import VerifyReport, verify
 from rlx_onnx_amp.verification.inputs import InputSpec
-from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.tolerance import Tolerance, Tolerances
 
 __all__ = [
     "PROVIDERS",
@@ -16,6 +17,7 @@ __all__ = [
     "Reference",
     "ReferenceUnavailable",
     "Tolerance",
+    "Tolerances",
     "VerifyOptions",
     "VerifyReport",
     "compare_arrays",

@@ -26,7 +26,8 @@ from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, externa
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
 from rlx_onnx_amp.verification.inputs import InputSpec, check_feeds, load_inputs, synthesized_sets
-from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
+from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
     "PROVIDERS",
@@ -47,7 +48,6 @@ __all__ = [
     "round_feeds",
     "run_each",
     "stack_samples",
-    "tolerance_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,13 +70,10 @@ class VerifyOptions:
     emulate: bool | None = None  # None: when the provider cannot run low precision faithfully
     inputs: str | None = None
     spec: InputSpec = field(default_factory=InputSpec)
-    atol: dict[str, float] = field(default_factory=dict)  # "" is the default for every output
-    rtol: dict[str, float] = field(default_factory=dict)  # element-wise; checked only where given
-    min_cosine: dict[str, float] = field(default_factory=dict)
+    tolerance: Tolerances = field(default_factory=Tolerances)  # per output; the precision's defaults for the rest
     localize: bool = False
     localize_top: int = 10
     save_inputs: str | None = None
-    rtol_of_max: dict[str, float] = field(default_factory=dict)  # times max|reference|; per-precision default
 
 
 def resolve_provider(name: str) -> str:
@@ -161,16 +158,6 @@ def lowest_precision(low: Mapping[str, int]) -> Precision:
     if Precision.F16 in kinds:
         return Precision.F16
     return Precision.F32
-
-
-def tolerance_for(name: str, precision: Precision, options: VerifyOptions) -> Tolerance:
-    info = PRECISIONS[precision]
-    return Tolerance(
-        options.atol.get(name, options.atol.get("", info.atol)),
-        options.rtol_of_max.get(name, options.rtol_of_max.get("", info.rtol_of_max)),
-        options.min_cosine.get(name, options.min_cosine.get("", info.min_cosine)),
-        options.rtol.get(name, options.rtol.get("")),
-    )
 
 
 #: progress(stage, done, total) for long steps: "rounding weights", "running".
@@ -434,7 +421,7 @@ def compare_outputs(
 ) -> list[OutputDrift]:
     """Per-output drift, failing outputs first; the verdict is that every one passed."""
     drifts = [
-        compare_arrays(name, ref, cand, tolerance_for(name, precision, options))
+        compare_arrays(name, ref, cand, options.tolerance.for_output(name, precision))
         for name, (ref, cand) in results.items()
     ]
     drifts.sort(key=lambda o: (o.passed, o.name))

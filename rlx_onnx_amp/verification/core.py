@@ -13,7 +13,6 @@ import onnx
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import OutputSet, RunPaths
-from rlx_onnx_amp.precision import PRECISIONS
 from rlx_onnx_amp.verification.compare import (
     PROVIDERS,
     Progress,
@@ -24,14 +23,14 @@ from rlx_onnx_amp.verification.compare import (
     pair_runs,
     resolve_provider,
     run_each,
-    tolerance_for,
 )
 from rlx_onnx_amp.verification.inputs import (
     save_inputs,
 )
 from rlx_onnx_amp.verification.localize import localize
 from rlx_onnx_amp.verification.metrics import OutputDrift
-from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, check_output_names, prepare_reference
+from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
     "PROVIDERS",
@@ -39,7 +38,6 @@ __all__ = [
     "ReferenceUnavailable",
     "VerifyOptions",
     "VerifyReport",
-    "check_output_names",
     "prepare_reference",
     "resolve_provider",
     "verify",
@@ -58,10 +56,7 @@ class VerifyReport:
     emulation_reason: str | None
     candidate_loaded: bool
     precision: str
-    atol: dict[str, float]
-    rtol_of_max: dict[str, float]
-    rtol: dict[str, float | None]
-    min_cosine: dict[str, float]
+    tolerance: Tolerances  # resolved for `precision`: every global value set
     seed: int
     samples: int
     inputs: dict[str, list[int]]
@@ -73,11 +68,24 @@ class VerifyReport:
     @property
     def criterion(self) -> str:
         """The checks every output was judged by, in words."""
-        checks = ["no new NaN/Inf", "max_abs <= atol + rtol_of_max * max|reference| (max-scaled)"]
-        if any(v is not None for v in self.rtol.values()):
-            checks.append("|c - r| <= atol + rtol * |r| for every element (element-wise, where rtol is given)")
-        checks.append("cosine >= min_cosine where the reference is not constant")
-        return "; ".join(checks)
+        return self.tolerance.criterion
+
+    # Each criterion's table ("" the global value, then each output's own), as renderers read it.
+    @property
+    def atol(self) -> dict[str, float | None]:
+        return self.tolerance.table("atol")
+
+    @property
+    def rtol_of_max(self) -> dict[str, float | None]:
+        return self.tolerance.table("rtol_of_max")
+
+    @property
+    def rtol(self) -> dict[str, float | None]:
+        return self.tolerance.table("rtol")
+
+    @property
+    def min_cosine(self) -> dict[str, float | None]:
+        return self.tolerance.table("min_cosine")
 
     @property
     def constant_outputs(self) -> dict[str, float]:
@@ -99,10 +107,7 @@ class VerifyReport:
             "candidate_loaded": self.candidate_loaded,
             "precision": self.precision,
             "criterion": self.criterion,
-            "atol": self.atol,
-            "rtol_of_max": self.rtol_of_max,
-            "rtol": self.rtol,
-            "min_cosine": self.min_cosine,
+            **self.tolerance.to_json(),
             "seed": self.seed,
             "samples": self.samples,
             "inputs": self.inputs,
@@ -180,12 +185,11 @@ def verify(
                 samples[0],
                 provider,
                 tmp,
-                tolerance_for("", precision, options),
+                options.tolerance.for_output("", precision),
                 options.localize_top,
                 trace,
             )
     drifts = compare_outputs(results, precision, options)
-    info = PRECISIONS[precision]
     return VerifyReport(
         reference=str(ref_path),
         candidate=cand_label,
@@ -195,16 +199,7 @@ def verify(
         emulation_reason=compared.reason,
         candidate_loaded=compared.loaded,
         precision=precision.value,
-        atol={"": options.atol.get("", info.atol), **{k: v for k, v in options.atol.items() if k}},
-        rtol_of_max={
-            "": options.rtol_of_max.get("", info.rtol_of_max),
-            **{k: v for k, v in options.rtol_of_max.items() if k},
-        },
-        rtol={"": options.rtol.get(""), **{k: v for k, v in options.rtol.items() if k}},
-        min_cosine={
-            "": options.min_cosine.get("", info.min_cosine),
-            **{k: v for k, v in options.min_cosine.items() if k},
-        },
+        tolerance=options.tolerance.resolved(precision),
         seed=options.spec.seed,
         samples=len(samples),
         inputs={k: list(v.shape) for k, v in samples[0].items()},

@@ -29,7 +29,7 @@ from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verification.compare import Compared, Scratch, round_feeds
-from rlx_onnx_amp.verification.metrics import Tolerance
+from rlx_onnx_amp.verification.tolerance import Tolerance
 
 __all__ = ["JUMP", "expose_outputs", "localize", "tensor_errors"]
 

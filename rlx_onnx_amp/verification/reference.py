@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model
-from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError
+from rlx_onnx_amp.errors import AmpError, ModelRunError
 from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.verification.compare import (
     Progress,
@@ -34,7 +33,7 @@ from rlx_onnx_amp.verification.compare import (
 from rlx_onnx_amp.verification.inputs import synthesized_inputs_error
 from rlx_onnx_amp.verification.screen import ScreenPlan
 
-__all__ = ["Reference", "ReferenceUnavailable", "check_output_names", "prepare_reference"]
+__all__ = ["Reference", "ReferenceUnavailable", "prepare_reference"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ def prepare_reference(
     ref_path = Path(path)
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
-    check_output_names(options, model, ref_path)
+    options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
     samples = input_sets(model, options)
     outputs = [o.name for o in model.graph.output]
     reference = Reference(ref_path, model, provider, samples, outputs, [], [])
@@ -129,20 +128,3 @@ def _screened_run(reference: Reference, progress: Progress | None) -> None:
         raise last or ModelRunError(f"{reference.path}: onnxruntime cannot run it") from None
     reference.providers_used = session.session.get_providers()
     reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
-
-
-def check_output_names(options: VerifyOptions, model: onnx.ModelProto, path: Path) -> None:
-    """A per-output tolerance for an output the model lacks would do nothing: refuse it."""
-    names = {o.name for o in model.graph.output}
-    given: Sequence[tuple[str, dict[str, float]]] = (
-        ("--atol", options.atol),
-        ("--rtol-of-max", options.rtol_of_max),
-        ("--rtol", options.rtol),
-        ("--min-cosine", options.min_cosine),
-    )
-    for flag, values in given:
-        unknown = sorted(k for k in values if k and k not in names)
-        if unknown:
-            raise InputError(
-                f"{flag} {unknown[0]}:...: {path} has no output {unknown[0]!r} (outputs: {', '.join(sorted(names))})"
-            )
