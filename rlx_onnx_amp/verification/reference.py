@@ -1,8 +1,8 @@
 """One f32 reference run that serves both the range screen and the verdict.
 
-`prepare_reference` loads the reference once, builds the input sets a verification uses (the
-user's file, or seeded synthesis with `--shape` and `--input-range`), and runs it once per input
-set. With `screen=True` the same run surfaces every float value of the model
+`prepare_reference` loads the reference once, builds the input sets a verification uses
+(`input_sets`: the user's file, or seeded synthesis with `--shape` and `--input-range`), and runs
+it once per input set. With `screen=True` the same run surfaces every float value of the model
 (`screen.ScreenPlan`): their ranges go to the converter (`ConvertOptions.value_ranges`, rule
 range-screen) and the graph outputs of that very run are what the candidate is judged
 against. Nothing is run twice, and one session is held at a time.
@@ -26,14 +26,13 @@ from rlx_onnx_amp.verification.compare import (
     Scratch,
     Session,
     VerifyOptions,
-    input_sets,
     resolve_provider,
     run_each,
 )
-from rlx_onnx_amp.verification.inputs import synthesized_inputs_error
+from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesized_inputs_error, synthesized_sets
 from rlx_onnx_amp.verification.screen import ScreenPlan
 
-__all__ = ["Reference", "ReferenceUnavailable", "prepare_reference"]
+__all__ = ["Reference", "ReferenceUnavailable", "input_sets", "prepare_reference"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +127,11 @@ def _screened_run(reference: Reference, progress: Progress | None) -> None:
         raise last or ModelRunError(f"{reference.path}: onnxruntime cannot run it") from None
     reference.providers_used = session.session.get_providers()
     reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
+
+
+def input_sets(model: onnx.ModelProto, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
+    """The input sets a verification runs: the user's file, or seeded synthesis; checked
+    against the model before anything runs."""
+    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec)
+    check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
+    return samples
