@@ -18,7 +18,6 @@ import difflib
 import io
 import json
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -58,6 +57,7 @@ from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, compare, resolve_provider, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.tolerance import Tolerances
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
 #: Converted and written, but not verified: the reference could not run on the inputs a default
@@ -179,23 +179,6 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _per_output(option: str, values: Sequence[str], low: float = 0.0, high: float = math.inf) -> dict[str, float]:
-    """`0.01` or `NAME:0.01` (repeatable) -> {"": default, NAME: value}; each a finite number
-    in [low, high]."""
-    result: dict[str, float] = {}
-    for text in values:
-        name, _, number = text.rpartition(":")
-        try:
-            value = float(number)
-        except ValueError:
-            raise InputError(f"{option}: expected a number or NAME:number, got {text!r}") from None
-        if not math.isfinite(value) or not low <= value <= high:
-            bounds = f"at least {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-            raise InputError(f"{option}: expected a finite number {bounds}, got {text!r}")
-        result[name] = value
-    return result
-
-
 def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option(
@@ -279,12 +262,9 @@ def _make_verify_options(
         emulate=emulate,
         inputs=inputs_path,
         spec=spec,
-        atol=_per_output("--atol", atol),
-        rtol=_per_output("--rtol", rtol),
-        min_cosine=_per_output("--min-cosine", min_cosine, -1.0, 1.0),
+        tolerance=Tolerances.parse(atol=atol, rtol=rtol, min_cosine=min_cosine, rtol_of_max=rtol_of_max),
         localize=localize,
         save_inputs=save_inputs,
-        rtol_of_max=_per_output("--rtol-of-max", rtol_of_max),
     )
     resolve_provider(provider)  # an unavailable provider is exit 2 before any work
     if inputs_path is not None and not os.path.exists(inputs_path):

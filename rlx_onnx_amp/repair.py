@@ -57,21 +57,10 @@ from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
 from rlx_onnx_amp.tensors import WeightSource, tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, scoped_graphs, subgraphs
-from rlx_onnx_amp.verification.compare import (
-    Compared,
-    Scratch,
-    VerifyOptions,
-    compare_outputs,
-    open_compared,
-    pair_runs,
-    run_each,
-    tolerance_for,
-)
-from rlx_onnx_amp.verification.core import VerifyReport, verify
+from rlx_onnx_amp.verification.compare import Scratch, VerifyOptions
+from rlx_onnx_amp.verification.core import Judgement, Verification, VerifyReport
 from rlx_onnx_amp.verification.emulate import emulate
-from rlx_onnx_amp.verification.localize import expose_outputs, localize
-from rlx_onnx_amp.verification.metrics import Tolerance
-from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.localize import expose_outputs
 from rlx_onnx_amp.verification.screen import expose_body_values
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key", "magnitude_screen", "repair_file"]
@@ -289,26 +278,16 @@ def _rounding_loss(values: np.ndarray, info: PrecisionInfo) -> float:
 
 
 class _Evaluator:
-    """Converts the reference with a set of kept node paths and measures the drift against
-    reference outputs computed once."""
+    """Converts the reference with a set of kept node paths and judges the candidate against the
+    reference's one run (`Verification.judge`)."""
 
-    def __init__(
-        self, ref_path: Path, policy: Policy, options: ConvertOptions, verify_options: VerifyOptions, tmp: Scratch
-    ) -> None:
-        self.ref_path = ref_path
+    def __init__(self, verification: Verification, policy: Policy, options: ConvertOptions) -> None:
+        self.verification = verification
         self.policy = policy
         self.options = options
-        self.verify_options = verify_options
-        self.tmp = tmp
-        try:
-            reference = prepare_reference(ref_path, verify_options)
-        except ReferenceUnavailable as e:
-            raise e.error from None
-        self.model = load_model(ref_path, load_external_data=True)
-        self.provider, self.samples = reference.provider, reference.samples
-        self.output_names, self.reference = reference.output_names, reference.runs
+        self.model = load_model(verification.reference.path, load_external_data=True)
         self.evaluations = 0
-        self.compared: Compared | None = None
+        self.judgement: Judgement | None = None
         self.candidate: onnx.ModelProto | None = None
 
     def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, ConversionReport]:
@@ -318,20 +297,13 @@ class _Evaluator:
         # Not proven here: onnxruntime loads (or emulates) it next, and the model written is
         # staged and proven as any conversion is.
         candidate = convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report, check=False)
-        self.compared = None  # release the previous candidate's session first
-        compared = open_compared(
-            self.model, None, candidate, None, self.provider, self.verify_options.emulate, self.tmp, "candidate"
-        )
-        runs = run_each(compared, self.samples, self.output_names)
-        compared.release()  # localization opens its own sessions
-        results = pair_runs(self.reference, runs, self.output_names)
-        drifts = compare_outputs(results, compared.precision, self.verify_options)
-        self.compared, self.candidate = compared, candidate
-        return bool(drifts) and all(d.passed for d in drifts), max((d.score for d in drifts), default=0.0), report
+        self.judgement = None  # release the previous candidate first
+        self.judgement, self.candidate = self.verification.judge(candidate), candidate
+        return self.judgement.passed, self.judgement.score, report
 
-    def localize_first(self, tol: Tolerance) -> list[dict[str, Any]]:
-        assert self.compared is not None
-        return localize(self.model, None, self.compared, self.samples[0], self.provider, self.tmp, tol, 50)
+    def localize_first(self) -> list[dict[str, Any]]:
+        assert self.judgement is not None
+        return self.verification.localize(self.judgement, 50)
 
 
 class _Search:
@@ -477,26 +449,28 @@ def _repair(
     outputs: OutputSet,
     paths: RunPaths,
 ) -> tuple[ConversionReport, VerifyReport, RepairResult]:
-    with Scratch("rlx-amp-repair-") as tmp:
-        ev = _Evaluator(src, resolved, options, verify_options, tmp)
+    with Verification.prepare(src, verify_options, scratch_prefix="rlx-amp-repair-") as verification:
+        ev = _Evaluator(verification, resolved, options)
         search = _Search(ev, budget, progress)
         current = search.step("policy", {})
-        assert search.report is not None and ev.compared is not None and ev.candidate is not None
+        assert search.report is not None and ev.judgement is not None and ev.candidate is not None
         keepable = dict(search.report.keepable)  # what the policy lowered and a keep can give back
-        precision = ev.compared.precision
+        precision = ev.judgement.compared.precision
         screen = Screen()
         if not current.passed and precision is not Precision.F32 and search.left >= 1:
             # The candidate just evaluated is the policy's own conversion.
-            screen = magnitude_screen(ev.model, ev.candidate, ev.samples[0], precision, ev.provider, tmp)
+            reference = verification.reference
+            screen = magnitude_screen(
+                ev.model, ev.candidate, reference.samples[0], precision, reference.provider, verification.scratch
+            )
             screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
             if screen.keep:
                 current = search.step("magnitude screen", screen.keep)
-        tol = tolerance_for("", precision, verify_options)
         # Until some candidate passes: a bisection can pass on a half and end on a failing node,
         # and starting over from there would only add nodes that do not help.
         while not search.best.passed and search.left >= 1:
             named = []
-            for found in ev.localize_first(tol):
+            for found in ev.localize_first():
                 if found["path"] in current.keep or found["path"] in screen.absorbed:
                     continue
                 why = search.report.why_not_keepable(found["path"]) if found["path"] not in keepable else None
@@ -526,7 +500,8 @@ def _repair(
             src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep)
         )
         conversion = staged.report
-    verified = verify(src, staged.path, verify_options, candidate_label=str(dst), outputs=outputs)
+        # The model written, proven against the same reference run.
+        verified = verification.verify(staged.path, label=str(dst), outputs=outputs)
     result = RepairResult(
         verified.passed,
         ev.evaluations,

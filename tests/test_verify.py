@@ -410,7 +410,7 @@ def test_a_decoder_step_with_a_cache_gets_coherent_inputs() -> None:
     positions and input_ids S new ones, so the synthesized attention_mask covers P + S
     positions, all ones, and position_ids count P .. P + S - 1 (random ones pointed past the
     cache: optimum's Llama refused them, 'indices element out of data bounds')."""
-    from rlx_onnx_amp.verification.compare import input_sets
+    from rlx_onnx_amp.verification.reference import input_sets
 
     i64 = TensorProto.INT64
     inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),

@@ -1,9 +1,9 @@
-"""The comparison core that verify, localize and repair share.
+"""Sessions and what a candidate is compared as, for the verification (`core.Verification`).
 
 Sessions on a reference and on a candidate, or on the candidate's emulation when the provider
-cannot run its precision faithfully; feeds rounded as the candidate holds them; one run per
-input set; per-output drift against a tolerance, and one verdict. Nothing here writes outside a
-private scratch directory (`Scratch`).
+cannot run its precision faithfully (`open_compared`); feeds rounded as the candidate holds
+them; one run per input set (`run_each`). Nothing here writes outside a private scratch
+directory (`Scratch`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verification.inputs import InputSpec, check_feeds, load_inputs, synthesized_sets
-from rlx_onnx_amp.verification.metrics import OutputDrift, Tolerance, compare_arrays
+from rlx_onnx_amp.verification.inputs import InputSpec
+from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
     "PROVIDERS",
@@ -35,19 +35,10 @@ __all__ = [
     "Scratch",
     "Session",
     "VerifyOptions",
-    "compare_outputs",
-    "emulated_model",
-    "emulation_fallback",
     "emulation_reason",
-    "input_sets",
-    "lowest_precision",
     "open_compared",
-    "pair_runs",
     "resolve_provider",
-    "round_feeds",
     "run_each",
-    "stack_samples",
-    "tolerance_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,13 +61,10 @@ class VerifyOptions:
     emulate: bool | None = None  # None: when the provider cannot run low precision faithfully
     inputs: str | None = None
     spec: InputSpec = field(default_factory=InputSpec)
-    atol: dict[str, float] = field(default_factory=dict)  # "" is the default for every output
-    rtol: dict[str, float] = field(default_factory=dict)  # element-wise; checked only where given
-    min_cosine: dict[str, float] = field(default_factory=dict)
+    tolerance: Tolerances = field(default_factory=Tolerances)  # per output; the precision's defaults for the rest
     localize: bool = False
     localize_top: int = 10
     save_inputs: str | None = None
-    rtol_of_max: dict[str, float] = field(default_factory=dict)  # times max|reference|; per-precision default
 
 
 def resolve_provider(name: str) -> str:
@@ -154,23 +142,13 @@ def _as_input_type(value: np.ndarray, ort_type: str) -> np.ndarray:
     return value
 
 
-def lowest_precision(low: Mapping[str, int]) -> Precision:
+def _lowest_precision(low: Mapping[str, int]) -> Precision:
     kinds = {precision_of_elem_type(t) for t in low.values()}
     if Precision.BF16 in kinds:
         return Precision.BF16
     if Precision.F16 in kinds:
         return Precision.F16
     return Precision.F32
-
-
-def tolerance_for(name: str, precision: Precision, options: VerifyOptions) -> Tolerance:
-    info = PRECISIONS[precision]
-    return Tolerance(
-        options.atol.get(name, options.atol.get("", info.atol)),
-        options.rtol_of_max.get(name, options.rtol_of_max.get("", info.rtol_of_max)),
-        options.min_cosine.get(name, options.min_cosine.get("", info.min_cosine)),
-        options.rtol.get(name, options.rtol.get("")),
-    )
 
 
 #: progress(stage, done, total) for long steps: "rounding weights", "running".
@@ -186,7 +164,7 @@ def emulation_reason(emulate: bool | None, provider: str, precision: Precision) 
     return "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic" if provider == "cpu" else None
 
 
-def emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str, precision: Precision) -> str:
+def _emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str, precision: Precision) -> str:
     """Why a candidate the provider cannot load is verified by emulation instead; re-raises
     `error` when emulation is switched off or the candidate holds nothing in low precision."""
     if emulate is False or precision is Precision.F32:
@@ -194,7 +172,7 @@ def emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str
     return f"{provider} cannot run the candidate: {error}"
 
 
-def round_feeds(feeds: Mapping[str, np.ndarray], low: Mapping[str, int]) -> dict[str, np.ndarray]:
+def _round_feeds(feeds: Mapping[str, np.ndarray], low: Mapping[str, int]) -> dict[str, np.ndarray]:
     out = {}
     for name, value in feeds.items():
         precision = precision_of_elem_type(low.get(name, _F32))
@@ -202,16 +180,6 @@ def round_feeds(feeds: Mapping[str, np.ndarray], low: Mapping[str, int]) -> dict
             value = narrow(value, precision)[0].astype(np.float32)
         out[name] = value
     return out
-
-
-def stack_samples(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """One array from an output's value in each input set: stacked when their shapes agree,
-    else (data-dependent shapes) their values one after another."""
-    if len(arrays) == 1:
-        return np.asarray(arrays[0])
-    if len({np.shape(a) for a in arrays}) == 1:
-        return np.stack(arrays)
-    return np.concatenate([np.ravel(a) for a in arrays])
 
 
 class Scratch(ScratchDir):
@@ -283,7 +251,7 @@ class Scratch(ScratchDir):
 _EMULATED_DATA = "rlx-amp-emulated.data"
 
 
-def emulated_model(
+def _emulated_model(
     ref_model: onnx.ModelProto,
     ref_dir: Path | None,
     cand_model: onnx.ModelProto,
@@ -337,7 +305,12 @@ class Compared:
     def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
         if self.session is None:
             raise RuntimeError("Compared.run after release()")
-        return self.session.run(round_feeds(feeds, self.feed_low) if self.emulated else feeds, names)
+        return self.session.run(self.rounded(feeds) if self.emulated else feeds, names)
+
+    def rounded(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`feeds` as a session on `model` must get them: rounded where an emulated candidate holds
+        its inputs in low precision, else as they are."""
+        return _round_feeds(feeds, self.feed_low)
 
     def release(self) -> None:
         """Free the onnxruntime session (its weights): what was compared stays described."""
@@ -358,7 +331,7 @@ def open_compared(
     """A session on the candidate (loaded from `cand_path` when given, else from scratch), or on
     its emulation when the provider cannot run it faithfully (see `emulation_reason`)."""
     low = low_precision_values(cand_model)
-    precision = lowest_precision(low)
+    precision = _lowest_precision(low)
     session: Session | None = None
     loaded = False
     try:
@@ -369,14 +342,14 @@ def open_compared(
         loaded = True
         reason = emulation_reason(emulate_option, provider, precision)
     except ModelRunError as e:
-        reason = emulation_fallback(e, emulate_option, provider, precision)
+        reason = _emulation_fallback(e, emulate_option, provider, precision)
     if reason is None:
         assert session is not None
         base = cand_path.parent if cand_path is not None else ref_dir
         return Compared(cand_model, base, session, precision, low, False, None, loaded)
     session = None  # free it first, so at most two sessions are held
     cand_dir = cand_path.parent if cand_path is not None else None
-    model = emulated_model(ref_model, ref_dir, cand_model, scratch, progress, cand_dir=cand_dir)
+    model = _emulated_model(ref_model, ref_dir, cand_model, scratch, progress, cand_dir=cand_dir)
     return Compared(
         model,
         ref_dir,
@@ -410,32 +383,3 @@ def run_each(
         if progress is not None:
             progress(stage, k + 1, len(samples))  # after the set ran, so the bar ends at 100%
     return runs
-
-
-def input_sets(model: onnx.ModelProto, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
-    """The input sets a verification runs: the user's file, or seeded synthesis; checked
-    against the model before anything runs."""
-    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec)
-    check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
-    return samples
-
-
-def pair_runs(
-    reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each output's reference and candidate values over every input set."""
-    return {
-        n: (stack_samples([r[n] for r in reference]), stack_samples([c[n] for c in candidate])) for n in names
-    }
-
-
-def compare_outputs(
-    results: Mapping[str, tuple[np.ndarray, np.ndarray]], precision: Precision, options: VerifyOptions
-) -> list[OutputDrift]:
-    """Per-output drift, failing outputs first; the verdict is that every one passed."""
-    drifts = [
-        compare_arrays(name, ref, cand, tolerance_for(name, precision, options))
-        for name, (ref, cand) in results.items()
-    ]
-    drifts.sort(key=lambda o: (o.passed, o.name))
-    return drifts

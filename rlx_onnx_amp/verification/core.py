@@ -1,49 +1,37 @@
-"""Verification: run a reference and a candidate on the same inputs and measure the drift."""
+"""Verification: one reference, run once on the verification's inputs, judges candidates.
+
+`Verification` holds a prepared reference (`reference.prepare_reference`: its outputs on every
+input set, with the range screen when asked) and a scratch directory, and judges candidates
+against it: each one's sessions (`compare.open_compared`, emulated where the provider cannot
+run its precision), its outputs on the same inputs, and each output's drift against the
+tolerance (`Judgement`); `localize` compares a judged candidate's intermediate tensors with the
+reference's, which are run once however many candidates it localizes. `verify` (the verify
+command, `--verify`), repair's evaluations and its final proof all go through it.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import OutputSet, RunPaths
-from rlx_onnx_amp.precision import PRECISIONS
-from rlx_onnx_amp.verification.compare import (
-    PROVIDERS,
-    Progress,
-    Scratch,
-    VerifyOptions,
-    compare_outputs,
-    open_compared,
-    pair_runs,
-    resolve_provider,
-    run_each,
-    tolerance_for,
-)
-from rlx_onnx_amp.verification.inputs import (
-    save_inputs,
-)
-from rlx_onnx_amp.verification.localize import localize
-from rlx_onnx_amp.verification.metrics import OutputDrift
-from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, check_output_names, prepare_reference
+from rlx_onnx_amp.verification.compare import Compared, Progress, Scratch, VerifyOptions, open_compared, run_each
+from rlx_onnx_amp.verification.inputs import save_inputs
+from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
+from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
+from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.tolerance import Tolerances
 
-__all__ = [
-    "PROVIDERS",
-    "Reference",
-    "ReferenceUnavailable",
-    "VerifyOptions",
-    "VerifyReport",
-    "check_output_names",
-    "prepare_reference",
-    "resolve_provider",
-    "verify",
-]
+__all__ = ["Judgement", "Verification", "VerifyReport", "verify"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +46,7 @@ class VerifyReport:
     emulation_reason: str | None
     candidate_loaded: bool
     precision: str
-    atol: dict[str, float]
-    rtol_of_max: dict[str, float]
-    rtol: dict[str, float | None]
-    min_cosine: dict[str, float]
+    tolerance: Tolerances  # resolved for `precision`: every global value set
     seed: int
     samples: int
     inputs: dict[str, list[int]]
@@ -73,11 +58,24 @@ class VerifyReport:
     @property
     def criterion(self) -> str:
         """The checks every output was judged by, in words."""
-        checks = ["no new NaN/Inf", "max_abs <= atol + rtol_of_max * max|reference| (max-scaled)"]
-        if any(v is not None for v in self.rtol.values()):
-            checks.append("|c - r| <= atol + rtol * |r| for every element (element-wise, where rtol is given)")
-        checks.append("cosine >= min_cosine where the reference is not constant")
-        return "; ".join(checks)
+        return self.tolerance.criterion
+
+    # Each criterion's table ("" the global value, then each output's own), as renderers read it.
+    @property
+    def atol(self) -> dict[str, float | None]:
+        return self.tolerance.table("atol")
+
+    @property
+    def rtol_of_max(self) -> dict[str, float | None]:
+        return self.tolerance.table("rtol_of_max")
+
+    @property
+    def rtol(self) -> dict[str, float | None]:
+        return self.tolerance.table("rtol")
+
+    @property
+    def min_cosine(self) -> dict[str, float | None]:
+        return self.tolerance.table("min_cosine")
 
     @property
     def constant_outputs(self) -> dict[str, float]:
@@ -99,10 +97,7 @@ class VerifyReport:
             "candidate_loaded": self.candidate_loaded,
             "precision": self.precision,
             "criterion": self.criterion,
-            "atol": self.atol,
-            "rtol_of_max": self.rtol_of_max,
-            "rtol": self.rtol,
-            "min_cosine": self.min_cosine,
+            **self.tolerance.to_json(),
             "seed": self.seed,
             "samples": self.samples,
             "inputs": self.inputs,
@@ -111,6 +106,166 @@ class VerifyReport:
             "localized": self.localized,
             "localize_trace": self.localize_trace,
         }
+
+
+@dataclass
+class Judgement:
+    """One candidate judged against the reference: what ran as it, and each output's drift,
+    failing outputs first."""
+
+    compared: Compared  # its session released
+    drifts: list[OutputDrift]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.drifts) and all(d.passed for d in self.drifts)
+
+    @property
+    def score(self) -> float:
+        """The worst output's `OutputDrift.score`: how far from passing."""
+        return max((d.score for d in self.drifts), default=0.0)
+
+
+class Verification:
+    """A reference run once, judging candidates within one scratch directory (removed on exit).
+
+    `judge` runs a candidate (a model in memory, or a file) on the reference's input sets and
+    measures its drift; `localize` names where a judged candidate's drift starts, against the
+    reference's intermediate tensors, run once and kept for every candidate after; `verify`
+    proves a written file and reports it. One onnxruntime session is held at a time."""
+
+    def __init__(self, reference: Reference, options: VerifyOptions, scratch_prefix: str = "rlx-amp-verify-") -> None:
+        self.reference = reference
+        self.options = options
+        self.scratch = Scratch(scratch_prefix)
+        #: The reference's intermediates `localize` compared last: (their names, their files).
+        self._intermediates: tuple[tuple[str, ...], dict[str, Path]] | None = None
+
+    @classmethod
+    def prepare(
+        cls,
+        path: str | os.PathLike[str],
+        options: VerifyOptions,
+        *,
+        screen: bool = False,
+        progress: Progress | None = None,
+        scratch_prefix: str = "rlx-amp-verify-",
+    ) -> Verification:
+        """The verification of candidates against the model at `path`, its reference run made
+        (`prepare_reference`); a reference that cannot run is its error (exit 2 or 3)."""
+        try:
+            reference = prepare_reference(path, options, screen=screen, progress=progress)
+        except ReferenceUnavailable as e:
+            raise e.error from None
+        return cls(reference, options, scratch_prefix)
+
+    def __enter__(self) -> Verification:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.scratch.cleanup()
+
+    def judge(
+        self,
+        model: onnx.ModelProto,
+        path: Path | None = None,
+        *,
+        label: str = "candidate",
+        progress: Progress | None = None,
+    ) -> Judgement:
+        """`model` (read from `path` when given, else saved to scratch) run on every input set,
+        or its emulation (see `compare.open_compared`), and each output judged against the
+        reference's by the tolerance."""
+        ref = self.reference
+        compared = open_compared(
+            ref.model, ref.path.parent, model, path, ref.provider, self.options.emulate, self.scratch, label, progress
+        )
+        runs = run_each(compared, ref.samples, ref.output_names, progress, "running the candidate")
+        compared.release()
+        drifts = [
+            compare_arrays(name, r, c, self.options.tolerance.for_output(name, compared.precision))
+            for name, (r, c) in _paired(ref.runs, runs, ref.output_names).items()
+        ]
+        drifts.sort(key=lambda o: (o.passed, o.name))
+        return Judgement(compared, drifts)
+
+    def localize(
+        self, judgement: Judgement, top: int, trace: list[dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
+        """The first `top` nodes where a judged candidate's drift starts (see `localize.localize`),
+        on the first input set."""
+        ref = self.reference
+        names = tuple(shared_values(ref.model, judgement.compared.model))
+        if self._intermediates is not None and self._intermediates[0] != names:
+            for file in self._intermediates[1].values():  # another candidate's names: run again
+                file.unlink()
+            self._intermediates = None
+        if self._intermediates is None:
+            stored = reference_values(ref.model, ref.path.parent, ref.samples[0], ref.provider, self.scratch, names)
+            self._intermediates = (names, stored)
+        tol = self.options.tolerance.for_output("", judgement.compared.precision)
+        feeds, stored = ref.samples[0], self._intermediates[1]
+        return localize(ref.model, stored, judgement.compared, feeds, ref.provider, self.scratch, tol, top, trace)
+
+    def verify(
+        self,
+        path: str | os.PathLike[str],
+        model: onnx.ModelProto | None = None,
+        *,
+        label: str | None = None,
+        outputs: OutputSet | None = None,
+        progress: Progress | None = None,
+    ) -> VerifyReport:
+        """The report on the candidate file at `path` (`model`: it loaded without its external
+        data, when the caller has it), localized with `--localize`. `label` names it in the
+        report (a staged model is verified before it is moved to its final path).
+        `--save-inputs` is staged into `outputs` when given (the caller commits it); otherwise
+        it is written when the verification ends."""
+        ref, options = self.reference, self.options
+        cand_path = Path(path)
+        cand_label = label or str(cand_path)
+        cand_model = model if model is not None else load_model(cand_path)
+        _check_interfaces(ref.model, cand_model, ref.path, Path(cand_label))
+        if options.save_inputs:
+            self._save_inputs(options.save_inputs, cand_path, outputs)
+        judgement = self.judge(cand_model, cand_path, label=cand_label, progress=progress)
+        localized = None
+        trace: list[dict[str, Any]] | None = None
+        if options.localize:
+            trace = []
+            localized = self.localize(judgement, options.localize_top, trace)
+        compared = judgement.compared
+        return VerifyReport(
+            reference=str(ref.path),
+            candidate=cand_label,
+            provider=ref.provider,
+            providers_used=ref.providers_used,
+            emulated=compared.emulated,
+            emulation_reason=compared.reason,
+            candidate_loaded=compared.loaded,
+            precision=compared.precision.value,
+            tolerance=options.tolerance.resolved(compared.precision),
+            seed=options.spec.seed,
+            samples=len(ref.samples),
+            inputs={k: list(v.shape) for k, v in ref.samples[0].items()},
+            outputs=judgement.drifts,
+            localized=localized,
+            localize_trace=trace,
+        )
+
+    def _save_inputs(self, target: str, cand_path: Path, outputs: OutputSet | None) -> None:
+        samples = self.reference.samples
+        if outputs is not None:
+            save_inputs(outputs, target, samples)
+            return
+        paths = RunPaths()
+        for path, role in ((self.reference.path, "reference model"), (cand_path, "candidate model")):
+            paths.read(path, role)
+        paths.write(target, "--save-inputs file")
+        paths.check()
+        with OutputSet(paths.protected()) as own:
+            save_inputs(own, target, samples)
+            own.commit()
 
 
 def verify(
@@ -133,85 +288,35 @@ def verify(
     """
     options = options or VerifyOptions()
     ref_path, cand_path = Path(reference), Path(candidate)
-    cand_label = candidate_label or str(cand_path)
     cand_model = load_model(cand_path)
     if prepared is None:
-        _check_interfaces(load_model(ref_path), cand_model, ref_path, Path(cand_label))
+        # The interfaces first, before anything runs.
+        _check_interfaces(load_model(ref_path), cand_model, ref_path, Path(candidate_label or str(cand_path)))
         # One onnxruntime session at a time (the reference's outputs kept, its session
         # released, then the candidate's): verifying needs about one model's memory, not two.
         try:
             prepared = prepare_reference(ref_path, options, progress=progress)
         except ReferenceUnavailable as e:
             raise e.error from None
-    else:
-        _check_interfaces(prepared.model, cand_model, ref_path, Path(cand_label))
-    ref_model, provider, samples = prepared.model, prepared.provider, prepared.samples
-    if options.save_inputs:
-        if outputs is None:
-            paths = RunPaths()
-            for path, role in ((ref_path, "reference model"), (cand_path, "candidate model")):
-                paths.read(path, role)
-            paths.write(options.save_inputs, "--save-inputs file")
-            paths.check()
-            with OutputSet(paths.protected()) as own:
-                save_inputs(own, options.save_inputs, samples)
-                own.commit()
-        else:
-            save_inputs(outputs, options.save_inputs, samples)
+    with Verification(prepared, options) as verification:
+        return verification.verify(cand_path, cand_model, label=candidate_label, outputs=outputs, progress=progress)
 
-    names, providers_used = prepared.output_names, prepared.providers_used
-    with Scratch("rlx-amp-verify-") as tmp:
-        compared = open_compared(
-            ref_model, ref_path.parent, cand_model, cand_path, provider, options.emulate, tmp, cand_label, progress
-        )
-        precision = compared.precision
-        cand_runs = run_each(compared, samples, names, progress, "running the candidate")
-        compared.release()
-        results = pair_runs(prepared.runs, cand_runs, names)
-        del cand_runs
-        localized = None
-        trace: list[dict[str, Any]] | None = None
-        if options.localize:
-            trace = []
-            localized = localize(
-                ref_model,
-                ref_path.parent,
-                compared,
-                samples[0],
-                provider,
-                tmp,
-                tolerance_for("", precision, options),
-                options.localize_top,
-                trace,
-            )
-    drifts = compare_outputs(results, precision, options)
-    info = PRECISIONS[precision]
-    return VerifyReport(
-        reference=str(ref_path),
-        candidate=cand_label,
-        provider=provider,
-        providers_used=providers_used,
-        emulated=compared.emulated,
-        emulation_reason=compared.reason,
-        candidate_loaded=compared.loaded,
-        precision=precision.value,
-        atol={"": options.atol.get("", info.atol), **{k: v for k, v in options.atol.items() if k}},
-        rtol_of_max={
-            "": options.rtol_of_max.get("", info.rtol_of_max),
-            **{k: v for k, v in options.rtol_of_max.items() if k},
-        },
-        rtol={"": options.rtol.get(""), **{k: v for k, v in options.rtol.items() if k}},
-        min_cosine={
-            "": options.min_cosine.get("", info.min_cosine),
-            **{k: v for k, v in options.min_cosine.items() if k},
-        },
-        seed=options.spec.seed,
-        samples=len(samples),
-        inputs={k: list(v.shape) for k, v in samples[0].items()},
-        outputs=drifts,
-        localized=localized,
-        localize_trace=trace,
-    )
+
+def _paired(
+    reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each output's reference and candidate values over every input set."""
+    return {n: (_stacked([r[n] for r in reference]), _stacked([c[n] for c in candidate])) for n in names}
+
+
+def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """One array from an output's value in each input set: stacked when their shapes agree,
+    else (data-dependent shapes) their values one after another."""
+    if len(arrays) == 1:
+        return np.asarray(arrays[0])
+    if len({np.shape(a) for a in arrays}) == 1:
+        return np.stack(arrays)
+    return np.concatenate([np.ravel(a) for a in arrays])
 
 
 def _check_interfaces(ref: onnx.ModelProto, cand: onnx.ModelProto, ref_path: Path, cand_path: Path) -> None:

@@ -14,6 +14,9 @@ converter reports the clamping, and what it causes downstream shows in the tenso
 Where the candidate holds Inf or NaN instead (an overflow), it counts as NaN/Inf appearing.
 Constant-like nodes, whose values the converter narrows for their consumers and which no keep
 can change, are never reported.
+
+The reference's side is run once per verification (`reference_values`, on the first input set,
+each tensor kept in a scratch file), and every candidate it localizes is compared against it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ import onnx
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.types import model_types
-from rlx_onnx_amp.verification.compare import Compared, Scratch, round_feeds
-from rlx_onnx_amp.verification.metrics import Tolerance
+from rlx_onnx_amp.verification.compare import Compared, Scratch
+from rlx_onnx_amp.verification.tolerance import Tolerance
 
-__all__ = ["JUMP", "expose_outputs", "localize", "tensor_errors"]
+__all__ = ["JUMP", "expose_outputs", "localize", "reference_values", "shared_values", "tensor_errors"]
 
 JUMP = 10.0
 
@@ -50,6 +53,34 @@ def float_values(model: onnx.ModelProto) -> list[str]:
     types = model_types(model)
     main = types.get("", {})
     return [o for node in model.graph.node for o in node.output if o and main.get(o) in FLOAT_TYPES]
+
+
+def shared_values(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> list[str]:
+    """The reference's float values (graph order) that the candidate computes under the same name."""
+    computed = {o for node in candidate.graph.node for o in node.output}
+    return [n for n in float_values(reference) if n in computed]
+
+
+def reference_values(
+    model: onnx.ModelProto,
+    base_dir: Path | None,
+    feeds: Mapping[str, np.ndarray],
+    provider: str,
+    tmp: Scratch,
+    names: Sequence[str],
+) -> dict[str, Path]:
+    """The reference's values `names` on `feeds`, from one run with them exposed, each saved to a
+    scratch file (read back mapped, one at a time, while it is compared). The session is
+    released before any candidate's opens."""
+    session = tmp.session(expose_outputs(model, names), base_dir, provider, "reference")
+    values = session.run(feeds, names)
+    del session
+    stored: dict[str, Path] = {}
+    for n in names:
+        stored[n] = tmp.file("intermediate.npy")
+        np.save(stored[n], np.asarray(values.pop(n)))
+    del values
+    return stored
 
 
 def tensor_errors(reference: np.ndarray, candidate: np.ndarray, max_finite: float = np.inf) -> dict[str, Any]:
@@ -80,7 +111,7 @@ def tensor_errors(reference: np.ndarray, candidate: np.ndarray, max_finite: floa
 
 def localize(
     ref_model: onnx.ModelProto,
-    ref_dir: Path | None,
+    stored: Mapping[str, Path],
     compared: Compared,
     feeds: Mapping[str, np.ndarray],
     provider: str,
@@ -89,31 +120,19 @@ def localize(
     top: int,
     trace: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The first `top` nodes of the main graph, in graph order, where drift starts. `trace`, if
-    given, receives every compared tensor in graph order (`tensor`, `node`, `op`, `rel_error`,
-    `new_nonfinite`; `shapes` where they differ): what the HTML report plots."""
-    ref_names = float_values(ref_model)
-    cand_names = {o for node in compared.model.graph.node for o in node.output}
-    shared = [n for n in ref_names if n in cand_names]
-    # One session and one run's intermediates at a time: the reference's go to scratch files
-    # and its session is released before the candidate's opens; each is read back (mapped)
-    # only while its tensor is compared.
-    ref_session = tmp.session(expose_outputs(ref_model, shared), ref_dir, provider, "reference")
-    ref_values = ref_session.run(feeds, shared)
-    del ref_session
-    stored: dict[str, Path] = {}
-    for n in shared:
-        stored[n] = tmp.file("intermediate.npy")
-        np.save(stored[n], np.asarray(ref_values.pop(n)))
-    del ref_values
+    """The first `top` nodes of the main graph, in graph order, where drift starts, from the
+    candidate's run on `feeds` against the reference's values there (`reference_values` of
+    `shared_values`). `trace`, if given, receives every compared tensor in graph order
+    (`tensor`, `node`, `op`, `rel_error`, `new_nonfinite`; `shapes` where they differ): what the
+    HTML report plots."""
+    shared = list(stored)
     cand_session = tmp.session(expose_outputs(compared.model, shared), compared.base_dir, provider, "candidate")
-    cand_values = cand_session.run(round_feeds(feeds, compared.feed_low), shared)
+    cand_values = cand_session.run(compared.rounded(feeds), shared)
     del cand_session
     max_finite = PRECISIONS[compared.precision].max_finite if compared.precision is not Precision.F32 else np.inf
     errors = {}
     for n in shared:
         errors[n] = tensor_errors(np.load(stored[n], mmap_mode="r"), cand_values.pop(n), max_finite)
-        stored[n].unlink()
     del cand_values
     if trace is not None:
         for index, node in enumerate(ref_model.graph.node):

@@ -1,9 +1,5 @@
-"""Drift metrics of one output, and the pass criterion (README, "Pass criterion").
-
-Tolerance words keep the meaning peers give them: `rtol` is element-wise, as in Polygraphy,
-`np.allclose` and onnxconverter-common (`|c - r| <= atol + rtol * |r|` for every element).
-The default check, which suits f16 better (relative error near zero references is noise), is
-named for what it is: `rtol_of_max`, `max_abs <= atol + rtol_of_max * max|reference|`.
+"""Drift metrics of one output, and the pass criterion (README, "Pass criterion"), judged
+against the output's `tolerance.Tolerance`.
 """
 
 from __future__ import annotations
@@ -14,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECKS", "HISTOGRAM_BINS", "SAMPLE_SIZE", "OutputDrift", "Tolerance", "compare_arrays"]
+from rlx_onnx_amp.verification.tolerance import Tolerance
+
+__all__ = ["CHECKS", "HISTOGRAM_BINS", "SAMPLE_SIZE", "OutputDrift", "compare_arrays"]
 
 #: Bins of the |c - r| histogram, and elements sampled for the reference-candidate plot (plus
 #: the `WORST_SHOWN` worst), in `OutputDrift.distribution`.
@@ -24,18 +22,6 @@ WORST_SHOWN = 10
 
 #: The checks an output is judged by, in the order a report names them.
 CHECKS = ("finite", "shape", "exact", "max-scaled", "element-wise", "cosine")
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Pass criterion of one output: no new NaN/Inf; max_abs <= atol + rtol_of_max * max|ref|;
-    with `rtol` set, |c - r| <= atol + rtol * |r| for every element; and cosine >= min_cosine
-    wherever the reference is not constant."""
-
-    atol: float
-    rtol_of_max: float
-    min_cosine: float
-    rtol: float | None = None  # element-wise; None: not checked
 
 
 @dataclass
@@ -85,13 +71,7 @@ class OutputDrift:
         data = {k: v for k, v in self.__dict__.items() if k != "tolerance"}
         data["shape"] = list(self.shape)
         if self.tolerance is not None:
-            t = self.tolerance
-            data["atol"], data["rtol_of_max"], data["rtol"], data["min_cosine"] = (
-                t.atol,
-                t.rtol_of_max,
-                t.rtol,
-                t.min_cosine,
-            )
+            data.update(self.tolerance.to_json())
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
 
 
@@ -188,7 +168,7 @@ def _float_checks(
         drift.cosine = float(np.dot(rf, cf) / norm)
     elif not constant:
         drift.cosine = 0.0
-    bound = tol.atol + tol.rtol_of_max * ref_scale
+    bound = tol.bound(ref_scale)
     drift.bound = bound
     score = drift.max_abs / bound if bound > 0 else (0.0 if drift.max_abs == 0 else _OTHER_FAILURE)
     if drift.max_abs > bound:

@@ -1,8 +1,8 @@
 """One f32 reference run that serves both the range screen and the verdict.
 
-`prepare_reference` loads the reference once, builds the input sets a verification uses (the
-user's file, or seeded synthesis with `--shape` and `--input-range`), and runs it once per input
-set. With `screen=True` the same run surfaces every float value of the model
+`prepare_reference` loads the reference once, builds the input sets a verification uses
+(`input_sets`: the user's file, or seeded synthesis with `--shape` and `--input-range`), and runs
+it once per input set. With `screen=True` the same run surfaces every float value of the model
 (`screen.ScreenPlan`): their ranges go to the converter (`ConvertOptions.value_ranges`, rule
 range-screen) and the graph outputs of that very run are what the candidate is judged
 against. Nothing is run twice, and one session is held at a time.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,21 +19,20 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model
-from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError
+from rlx_onnx_amp.errors import AmpError, ModelRunError
 from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.verification.compare import (
     Progress,
     Scratch,
     Session,
     VerifyOptions,
-    input_sets,
     resolve_provider,
     run_each,
 )
-from rlx_onnx_amp.verification.inputs import synthesized_inputs_error
+from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesized_inputs_error, synthesized_sets
 from rlx_onnx_amp.verification.screen import ScreenPlan
 
-__all__ = ["Reference", "ReferenceUnavailable", "check_output_names", "prepare_reference"]
+__all__ = ["Reference", "ReferenceUnavailable", "input_sets", "prepare_reference"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ def prepare_reference(
     ref_path = Path(path)
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
-    check_output_names(options, model, ref_path)
+    options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
     samples = input_sets(model, options)
     outputs = [o.name for o in model.graph.output]
     reference = Reference(ref_path, model, provider, samples, outputs, [], [])
@@ -131,18 +129,9 @@ def _screened_run(reference: Reference, progress: Progress | None) -> None:
     reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
 
 
-def check_output_names(options: VerifyOptions, model: onnx.ModelProto, path: Path) -> None:
-    """A per-output tolerance for an output the model lacks would do nothing: refuse it."""
-    names = {o.name for o in model.graph.output}
-    given: Sequence[tuple[str, dict[str, float]]] = (
-        ("--atol", options.atol),
-        ("--rtol-of-max", options.rtol_of_max),
-        ("--rtol", options.rtol),
-        ("--min-cosine", options.min_cosine),
-    )
-    for flag, values in given:
-        unknown = sorted(k for k in values if k and k not in names)
-        if unknown:
-            raise InputError(
-                f"{flag} {unknown[0]}:...: {path} has no output {unknown[0]!r} (outputs: {', '.join(sorted(names))})"
-            )
+def input_sets(model: onnx.ModelProto, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
+    """The input sets a verification runs: the user's file, or seeded synthesis; checked
+    against the model before anything runs."""
+    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec)
+    check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
+    return samples
