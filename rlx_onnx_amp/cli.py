@@ -37,20 +37,28 @@ from rlx_onnx_amp import render
 from rlx_onnx_amp.api import checker_failure, load_model, make_options, plan_model_reads, stage_conversion, write_demo
 from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
-from rlx_onnx_amp.errors import (
-    AmpError,
-    InputError,
+from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.exits import (
+    EXIT_DRIFT,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_UNVERIFIED,
+    EXIT_USAGE,
     Terminated,
-    first_line,
-    raise_interrupted,
+    error_line,
+    fail,
     raise_stop,
     raise_terminated,
-    request_stop,
+    signal_held_during_commit,
+    stop_handlers,
     stop_requested,
+    worst_exit_code,
 )
-from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
+from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
-from rlx_onnx_amp.merge import merge_reports, merged_markdown, worst_exit_code
+from rlx_onnx_amp.merge import merge_reports, merged_markdown
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.report import ConversionReport
@@ -58,13 +66,6 @@ from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, compare, resolve_provider, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
-
-EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
-#: Converted and written, but not verified: the reference could not run on the inputs a default
-#: verification uses (guessed axes, an op onnxruntime lacks). With --verify it is an error.
-EXIT_UNVERIFIED = 4
-EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 
 class _DefaultGroup(click.Group):
@@ -82,43 +83,31 @@ class _DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> None:
-    click.echo(f"rlx-amp: error: {message}", err=True)
-    sys.exit(code)
-
-
 def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool = False) -> None:
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
-    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    request_stop(None)  # a new run
-    signal.signal(signal.SIGTERM, raise_terminated)
-    if previous[signal.SIGINT] is signal.default_int_handler:  # not where SIGINT is ignored
-        signal.signal(signal.SIGINT, raise_interrupted)
-    try:
-        code = fn()
-    except AmpError as e:
-        _fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
-    except Terminated:
-        _fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
-    except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
-        raise
-    except Exception as e:
-        invalid = _invalid_input(inputs)
-        if invalid is not None:
-            _fail(invalid)
-        traceback.print_exc()
-        _fail(
-            f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp, "
-            "please report it with the model",
-            EXIT_INTERNAL,
-        )
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    with stop_handlers():
+        try:
+            code = fn()
+        except AmpError as e:
+            fail(str(e), e.exit_code)
+        except KeyboardInterrupt:
+            fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
+        except Terminated:
+            fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
+        except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
+            raise
+        except Exception as e:
+            invalid = _invalid_input(inputs)
+            if invalid is not None:
+                fail(invalid)
+            traceback.print_exc()
+            fail(
+                f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp, "
+                "please report it with the model",
+                EXIT_INTERNAL,
+            )
     sys.exit(code)
 
 
@@ -659,7 +648,7 @@ class _ConvertJob:
 
     def fail(self, src: str, message: str, code: int) -> None:
         self.failed.append((src, message, code))
-        click.echo(f"rlx-amp: error: {message}", err=True)
+        click.echo(error_line(message), err=True)
 
     def crash(self, src: str, e: Exception) -> None:
         invalid = _invalid_input([src])
@@ -750,7 +739,7 @@ def _worker_sigterm(signum: int, frame: object) -> None:
 
 def _leave_if_stopped() -> None:
     """A worker told to stop never takes another model, even when the handler's exception
-    was lost (errors.stop_requested): the parent holds the task queue's lock by then, and a
+    was lost (exits.stop_requested): the parent holds the task queue's lock by then, and a
     worker waiting for it would wait for ever."""
     if stop_requested():
         os._exit(EXIT_SIGTERM)

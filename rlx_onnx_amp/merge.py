@@ -15,17 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, worst_exit_code
 
-__all__ = ["SEVERITY", "merge_reports", "merged_markdown", "read_report", "worst_exit_code"]
-
-EXIT_OK, EXIT_DRIFT = 0, 1
-#: Exit codes from least to most severe: a batch, and a merge of batches, exit with the worst.
-SEVERITY = (0, 4, 1, 2, 3, 70)  # 4: written but not verified, below a measured drift
-
-
-def worst_exit_code(codes: Sequence[int]) -> int:
-    """The most severe of `codes` by `SEVERITY` (a code it does not list is the worst); 0 for none."""
-    return max(codes, key=lambda c: SEVERITY.index(c) if c in SEVERITY else len(SEVERITY), default=EXIT_OK)
+__all__ = ["merge_reports", "merged_markdown", "read_report"]
 
 
 def read_report(path: str | Path) -> dict[str, Any]:

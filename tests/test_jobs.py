@@ -197,7 +197,7 @@ class _LostStopJob:
     failed: ClassVar[list] = []
 
     def convert_own(self, src: str, dst: str) -> None:
-        from rlx_onnx_amp.errors import request_stop
+        from rlx_onnx_amp.exits import request_stop
 
         request_stop()
 
@@ -226,7 +226,7 @@ def test_a_worker_whose_stop_was_lost_never_takes_another_model() -> None:
 @pytest.mark.parametrize(("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, None)])
 def test_no_commit_after_a_lost_stop(tmp_path: Path, signum: int, raised: type[BaseException] | None) -> None:
     """A signal whose exception was lost still stops the commit, with that signal's exception."""
-    from rlx_onnx_amp.errors import Terminated, request_stop
+    from rlx_onnx_amp.exits import Terminated, request_stop
     from rlx_onnx_amp.files import OutputSet
 
     final = tmp_path / "out.onnx"
