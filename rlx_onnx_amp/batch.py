@@ -30,7 +30,6 @@ from typing import Any
 
 import click
 
-from rlx_onnx_amp import render
 from rlx_onnx_amp.api import checker_failure, stage_conversion
 from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
@@ -52,7 +51,15 @@ from rlx_onnx_amp.exits import (
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
+from rlx_onnx_amp.reports.text import (
+    conversion_markdown,
+    conversion_table,
+    failed_verdict,
+    repair_summary,
+    verify_markdown,
+    verify_table,
+)
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.verification import VerifyOptions, VerifyReport, verify
 from rlx_onnx_amp.verification.compare import session_threads
@@ -131,9 +138,9 @@ class ConvertJob:
         self.reports.append(report)
         self.verified.append((report, result))
         if not s.quiet:
-            click.echo(render.conversion_table(report))
+            click.echo(conversion_table(report))
             self._hint(report)
-            click.echo(render.repair_summary(repaired))
+            click.echo(repair_summary(repaired))
         self._show(result)
 
     def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> None:
@@ -150,7 +157,7 @@ class ConvertJob:
         report.output = shown
         self._warn_idle(report)
         if not s.quiet:
-            click.echo(render.conversion_table(report))
+            click.echo(conversion_table(report))
             self._hint(report)
         if reference is not None:
             status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
@@ -199,9 +206,9 @@ class ConvertJob:
 
     def _show(self, result: VerifyReport) -> None:
         if not self.settings.quiet:
-            click.echo(render.verify_table(result, verbose=self.settings.verbose > 0))
+            click.echo(verify_table(result, verbose=self.settings.verbose > 0))
         elif not result.passed:  # -q still says that something failed, in one line
-            click.echo(render.failed_verdict(result))
+            click.echo(failed_verdict(result))
 
     def _hint(self, report: ConversionReport) -> None:
         """One line when the policy buys little: the policy itself is never changed."""
@@ -255,11 +262,11 @@ class ConvertJob:
     def markdown(self) -> str:
         failed = [(m, e) for m, e, _ in self.failed]
         if self.verified or (failed and self.settings.verify_options is not None):
-            return render.verify_markdown(self.verified, failed)
-        return render.conversion_markdown(self.reports, failed)
+            return verify_markdown(self.verified, failed)
+        return conversion_markdown(self.reports, failed)
 
     def html(self) -> str:
-        from rlx_onnx_amp.html_report import html_report
+        from rlx_onnx_amp.reports.html import html_report  # matplotlib: only when a page is asked for
 
         verified = {id(c): v for c, v in self.verified}
         entries = [(r, verified.get(id(r))) for r in self.reports]

@@ -24,7 +24,6 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from rlx_onnx_amp import render
 from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, write_demo
 from rlx_onnx_amp.batch import (
     ConvertJob,
@@ -49,9 +48,16 @@ from rlx_onnx_amp.exits import (
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
-from rlx_onnx_amp.merge import merge_reports, merged_markdown
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
+from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
+from rlx_onnx_amp.reports.text import (
+    compare_policies_table,
+    failed_verdict,
+    inspect_table,
+    verify_markdown,
+    verify_table,
+)
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions, resolve_provider, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
@@ -559,15 +565,15 @@ def verify_cmd(
             with StagedProgress(enabled=not quiet) as progress:
                 result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
             if not quiet:
-                click.echo(render.verify_table(result, verbose=verbose > 0))
+                click.echo(verify_table(result, verbose=verbose > 0))
             elif not result.passed:  # -q still says that something failed, in one line
-                click.echo(render.failed_verdict(result))
+                click.echo(failed_verdict(result))
             if report_json:
                 outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
             if report_md:
-                outputs.write_text(report_md, render.verify_markdown([(None, result)]))
+                outputs.write_text(report_md, verify_markdown([(None, result)]))
             if report_html:
-                from rlx_onnx_amp.html_report import html_report
+                from rlx_onnx_amp.reports.html import html_report  # matplotlib: only when a page is asked for
 
                 outputs.write_text(report_html, html_report([(None, result)], title="rlx-amp drift report"))
             outputs.commit()
@@ -682,12 +688,12 @@ def inspect_cmd(
                 policies.append(_policy("custom", map_text, map_file))
             loaded = load_model(model)
             rows = [inspect_model(loaded, p, options, model_name=model, source=source) for p in policies]
-            click.echo(json.dumps(rows, indent=2) if as_json else render.compare_policies_table(rows))
+            click.echo(json.dumps(rows, indent=2) if as_json else compare_policies_table(rows))
             return EXIT_OK
         resolved = _policy(policy, map_text, map_file)
         loaded = load_model(model)
         summary = inspect_model(loaded, resolved, options, model_name=model, source=source)
-        click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
+        click.echo(json.dumps(summary, indent=2) if as_json else inspect_table(summary))
         return EXIT_OK
 
     _run_guarded(run, (model,))

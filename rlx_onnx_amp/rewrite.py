@@ -51,7 +51,7 @@ from rlx_onnx_amp.passes import Pass, PassResult, run_passes
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, NumericFacts, ValueRange, scoped_name
-from rlx_onnx_amp.report import REASON_CODES, ConversionReport, KeptNode
+from rlx_onnx_amp.reports.conversion import REASON_CODES, ConversionReport, KeptNode
 from rlx_onnx_amp.schema import OpSignature, TypeGroup, signature
 from rlx_onnx_amp.taxonomy import (
     ANY_FLOAT_INPUTS,

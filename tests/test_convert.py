@@ -433,7 +433,7 @@ def test_every_kept_node_has_a_stable_reason_code() -> None:
     """Reports name why a node keeps its types by a code (report.REASON_CODES), whatever the
     wording of the reason: every kept node of every fixture, policy and target has one, and
     the fixtures built for a rule get that rule's code."""
-    from rlx_onnx_amp.report import REASON_CODES
+    from rlx_onnx_amp.reports.conversion import REASON_CODES
 
     seen: dict[str, set[str]] = {}
     for name, build in {**HEALTHY, **BROKEN_IN_F16}.items():

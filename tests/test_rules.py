@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp import ConversionReport, convert
 from rlx_onnx_amp.policy import policy_from_name
-from rlx_onnx_amp.report import REASON_CODES
+from rlx_onnx_amp.reports.conversion import REASON_CODES
 from rlx_onnx_amp.rewrite import VARIABLE_RULES, ConvertOptions, conversion_passes
 from tests.helpers import assert_close, run
 

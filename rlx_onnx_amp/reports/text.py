@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.report import REASON_CODES, ConversionReport
+from rlx_onnx_amp.reports.conversion import REASON_CODES, ConversionReport
 from rlx_onnx_amp.verification.metrics import OutputDrift
 
 __all__ = [

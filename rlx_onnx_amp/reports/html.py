@@ -5,7 +5,7 @@ global pyplot state, and the SVG backend, so no display). The page loads nothing
 Content-Security-Policy forbids any request), so it opens from a CI artifact or a mail
 attachment. Plots take their text and axis colour from the page (`currentColor`), so they read
 in light and dark mode; the numbers stay in tables beside them. The tables come from the same
-rows as the text and Markdown reports (`render.DRIFT_COLUMNS`).
+rows as the text and Markdown reports (`text.DRIFT_COLUMNS`).
 
 Per model: the verdict, the drift table and, per output, the |c - r| histogram (log scale) and
 reference against candidate for a sample of elements with the worst marked; with `--localize`,
@@ -25,9 +25,20 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rlx_onnx_amp import render
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
+from rlx_onnx_amp.reports.text import (
+    DRIFT_COLUMNS,
+    PRECISION_COLUMNS,
+    constant_note,
+    cost_line,
+    criterion_line,
+    drift_rows,
+    fmt,
+    localized_table,
+    percent,
+    required_tolerances,
+)
 
 __all__ = ["html_report"]
 
@@ -83,7 +94,7 @@ def html_report(
         body += _model_section(conv, verified, figures)
     body.append(
         "<h2>Columns</h2><table><tr><th>column</th><th>meaning</th></tr>"
-        + "".join(f"<tr><td>{_e(c.header)}</td><td>{_e(c.legend)}</td></tr>" for c in render.DRIFT_COLUMNS)
+        + "".join(f"<tr><td>{_e(c.header)}</td><td>{_e(c.legend)}</td></tr>" for c in DRIFT_COLUMNS)
         + "</table>"
     )
     return (
@@ -110,7 +121,7 @@ def _verdict(passed: bool | None) -> str:
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     def cell(value: object) -> str:
-        text = render.fmt(value)
+        text = fmt(value)
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         return f"<td class='num'>{_e(text)}</td>" if numeric else f"<td>{_e(text)}</td>"
 
@@ -123,7 +134,7 @@ def _summary(entries: Sequence[tuple[ConversionReport | None, Any]], failed: Seq
     for conv, v in entries:
         name = v.candidate if v is not None else (conv.output if conv is not None else "?")
         cost = conv.cost if conv is not None else None
-        worst = render.fmt(max((o.score for o in v.outputs), default=0.0)) if v is not None else "-"
+        worst = fmt(max((o.score for o in v.outputs), default=0.0)) if v is not None else "-"
         rows.append(
             "<tr>"
             f"<td><a href='#{_anchor(name)}'><code>{_e(name)}</code></a></td>"
@@ -131,7 +142,7 @@ def _summary(entries: Sequence[tuple[ConversionReport | None, Any]], failed: Seq
             f"<td>{_e(conv.policy.name if conv is not None and conv.policy is not None else '-')}</td>"
             f"<td class='num'>{_e(sum(not o.passed for o in v.outputs) if v is not None else '-')}</td>"
             f"<td class='num'>{_e(worst)}</td>"
-            f"<td class='num'>{_e(render.percent(cost.mac_low_share) if cost is not None else '-')}</td>"
+            f"<td class='num'>{_e(percent(cost.mac_low_share) if cost is not None else '-')}</td>"
             "</tr>"
         )
     rows += [
@@ -170,13 +181,13 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
     out = [
         f"<p>Compared against <code>{_e(v.reference)}</code> on {_e(v.provider)} "
         f"({_e(', '.join(v.providers_used))}){_e(emulated)}. Seed {v.seed}, {v.samples} input set(s).</p>",
-        f"<p>{_e(render.criterion_line(v))}.<br><span class='muted'>Criterion: {_e(v.criterion)}.</span></p>",
+        f"<p>{_e(criterion_line(v))}.<br><span class='muted'>Criterion: {_e(v.criterion)}.</span></p>",
     ]
-    note = render.constant_note(v)
+    note = constant_note(v)
     if note:
         out.append(f"<p><strong>Note</strong>: {_e(note)}.</p>")
-    out.append(_table([c.header for c in render.DRIFT_COLUMNS], render.drift_rows(v)))
-    needed = [t for o in v.outputs if not o.passed and (t := render.required_tolerances(o))]
+    out.append(_table([c.header for c in DRIFT_COLUMNS], drift_rows(v)))
+    needed = [t for o in v.outputs if not o.passed and (t := required_tolerances(o))]
     if needed:
         out.append("<p>Minimum tolerances that would have passed:</p><ul>")
         out += [f"<li><code>{_e(t)}</code></li>" for t in needed]
@@ -184,8 +195,8 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
     for o in v.outputs:
         out.append(f"<h3>Output <code>{_e(o.name)}</code> {_verdict(o.passed)}</h3>")
         why = "; ".join(o.failures or []) or "Every check passed"
-        bound = f"max_abs {render.fmt(o.max_abs)} against bound {render.fmt(o.bound)}"
-        top1 = f"; top-1 agreement {render.percent(o.top1_agreement)}" if o.top1_agreement is not None else ""
+        bound = f"max_abs {fmt(o.max_abs)} against bound {fmt(o.bound)}"
+        top1 = f"; top-1 agreement {percent(o.top1_agreement)}" if o.top1_agreement is not None else ""
         out.append(f"<p>{_e(bound)}{_e(top1)}. {_e(why)}.</p>")
         if o.distribution:
             out.append("<div class='plots'>")
@@ -196,7 +207,7 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
         out.append("<h3>Where drift starts (<code>--localize</code>)</h3>")
         out.append(figures.localize(v.localize_trace, v.localized or []))
         if v.localized:
-            out.append(_table(*render.localized_table(v.localized)))
+            out.append(_table(*localized_table(v.localized)))
         else:
             out.append("<p class='muted'>No node where drift jumps or NaN/Inf appears.</p>")
     return out
@@ -210,7 +221,7 @@ def _conversion_section(r: ConversionReport, figures: _Figures) -> list[str]:
         f"{r.nodes_total} nodes, {r.casts_inserted} Casts inserted, {r.casts_removed} removed, "
         f"{len(r.kept_f32)} nodes kept f32.</p>",
     ]
-    cost = render.cost_line(r.cost.to_json() if r.cost is not None else None)
+    cost = cost_line(r.cost.to_json() if r.cost is not None else None)
     if cost:
         out.append(f"<p>{_e(cost[0].upper() + cost[1:])}.</p>")
     out.append("<div class='plots'>")
@@ -218,7 +229,7 @@ def _conversion_section(r: ConversionReport, figures: _Figures) -> list[str]:
     busiest = dict(sorted(r.by_op.items(), key=lambda kv: -sum(kv[1].values()))[:20])
     out.append(figures.precision_bars("Op type (20 most frequent)", busiest))
     out.append("</div>")
-    columns = render.PRECISION_COLUMNS
+    columns = PRECISION_COLUMNS
     out.append(
         "<details><summary>Nodes per op type and precision</summary>"
         + _table(["op", *columns], [[op, *(c.get(p, 0) for p in columns)] for op, c in sorted(r.by_op.items())])
@@ -245,8 +256,8 @@ def _repair_section(repair: dict[str, Any], figures: _Figures) -> list[str]:
         "<h3>Repair</h3>",
         f"<p>{'Met' if repair['passed'] else 'Did not meet'} the tolerance after {repair['evaluations']} evaluations; "
         f"wrote evaluation {_e(best.get('evaluation'))} ({_e(best.get('stage'))}, score "
-        f"{_e(render.fmt(best.get('score')))}); minimality {_e(repair.get('minimality'))}; "
-        f"Compute nodes still low {_e(render.percent(repair.get('compute_low_share')))}.</p>",
+        f"{_e(fmt(best.get('score')))}); minimality {_e(repair.get('minimality'))}; "
+        f"Compute nodes still low {_e(percent(repair.get('compute_low_share')))}.</p>",
         figures.repair(repair["history"]),
         _table(
             ["evaluation", "stage", "kept", "passed", "score", "written"],
