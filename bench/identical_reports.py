@@ -15,15 +15,17 @@ fixtures/models/demo_transformer.onnx, a directory of fixtures/models/genai-llam
 is no model, and a Conv whose reference cannot run on guessed shapes), and copied into each
 tree's run directory, so both trees read the same bytes. The commands:
 
-- a model that passes (auto-mixed, the default verification; once more with `-v`);
-- one that drifts (always-f16, `--localize`; once more with `-q`);
-- one repaired (`--repair`);
+- a model that passes (auto-mixed, the default verification; once more with `-v` and options
+  that match nothing);
+- one that drifts (always-f16, `--localize`, `--rtol`; once more with `-q`), one whose
+  outputs' shapes differ;
+- two repaired (`--repair`: an overflow, an underflowing tail);
 - a batch with a passing, a drifting, an unreadable and an unverifiable model (`--no-screen`),
   with `--jobs 2` and with `--jobs 1`, and a batch under `--no-verify`;
 - a model with external data, and an export directory;
 - the `verify` command (with `--localize`);
-- `merge-reports` over those reports (written, and printed), over an unverified model's, and
-  over a missing file;
+- `merge-reports` over those reports (written, and printed), over a merged report, over an
+  unverified model's, and over a missing file;
 - `inspect` (its table, `--json`, `--compare-policies`).
 
 Each writes every report format it has. What legitimately varies from one run to the next is
@@ -66,6 +68,8 @@ for name in ("transformer_block", "conv_net", "qdq_model"):
     save(fx.HEALTHY[name]().model, str(out / f"{name}.onnx"))
 for name in ("exp_overflow", "mask_softmax"):
     save(fx.BROKEN_IN_F16[name]().model, str(out / f"{name}.onnx"))
+for name in ("data_dependent_shapes", "tiny_tail"):
+    save(fx.REPAIR_CASES[name]().model, str(out / f"{name}.onnx"))
 fx.write_external(fx.mlp_external(), out / "mlp_external.onnx")
 shutil.copy(Path("fixtures/models") / fx.DEMO, out / fx.DEMO)
 shutil.copytree(Path("fixtures/models/genai-llama"), out / "genai-llama")
@@ -90,13 +94,18 @@ def _reports(name: str) -> tuple[str, ...]:
 #: (name, arguments), run in this order in the run directory (later ones read earlier reports).
 COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pass", ("m/transformer_block.onnx", "-o", "o/pass.onnx", *_CPU, *_reports("pass"))),
-    ("pass-verbose", ("m/demo_transformer.onnx", "-o", "o/demo.onnx", *_CPU, "-v", "--report-md", "r/demo.md")),
+    ("pass-verbose", ("m/demo_transformer.onnx", "-o", "o/demo.onnx", *_CPU, "-v", "--report-md", "r/demo.md",
+                      "--keep-f32-op", "Softmx", "--keep-f32-node", "no-such-node", "--data-name", "demo.data")),
     ("drift", ("m/exp_overflow.onnx", "-p", "always-f16", "-o", "o/drift.onnx", *_CPU, "--localize", "--no-screen",
-               *_reports("drift"))),
+               "--rtol", "0.5", *_reports("drift"))),
+    ("shapes-differ", ("m/data_dependent_shapes.onnx", "-p", "always-f16", "-o", "o/shapes.onnx", *_CPU,
+                       "--localize", "--no-screen", *_reports("shapes"))),
     ("drift-quiet", ("m/mask_softmax.onnx", "-p", "always-f16", "-o", "o/drift-q.onnx", *_CPU, "-q", "--no-screen",
                      "--report-json", "r/drift-q.json")),
     ("repair", ("m/exp_overflow.onnx", "-p", "always-f16", "-o", "o/repaired.onnx", *_CPU, "--repair",
                 *_reports("repair"))),
+    ("repair-underflow", ("m/tiny_tail.onnx", "-p", "always-f16", "-o", "o/tiny.onnx", *_CPU, "--repair",
+                          "--report-md", "r/tiny.md", "--report-html", "r/tiny.html")),
     ("batch-jobs2", (*_BATCH, "-p", "always-f16", "--out-dir", "b2", *_CPU, "--jobs", "2", *_reports("b2"))),
     ("batch-jobs1", (*_BATCH, "-p", "always-f16", "--out-dir", "b1", *_CPU, "--jobs", "1", *_reports("b1"))),
     ("batch-no-verify", ("m/conv_net.onnx", "m/qdq_model.onnx", "m/broken.onnx", "--out-dir", "nv", "--no-verify",
@@ -105,7 +114,8 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("directory", ("m/genai-llama", "-p", "always-f16", "-o", "o/genai", *_CPU, *_reports("dir"))),
     ("verify", ("verify", "m/transformer_block.onnx", "o/pass.onnx", *_CPU, "--localize", *_reports("verify"))),
     ("merge", ("merge-reports", "r/b2.json", "r/pass.json", "r/drift.json", "r/repair.json", "r/verify.json",
-               "r/mlp.json", "--report-json", "r/merged.json", "--report-md", "r/merged.md")),
+               "r/mlp.json", "r/shapes.json", "--report-json", "r/merged.json", "--report-md", "r/merged.md")),
+    ("merge-merged", ("merge-reports", "r/merged.json", "r/nv.json")),
     ("merge-printed", ("merge-reports", "r/b1.json", "r/nv.json", "r/drift-q.json", "r/dir.json")),
     ("merge-unverified", ("merge-reports", "r/dir.json", "r/pass.json", "--report-json", "r/merged-unverified.json")),
     ("merge-missing", ("merge-reports", "r/missing.json")),
