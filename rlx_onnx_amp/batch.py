@@ -35,9 +35,7 @@ from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
-    EXIT_DRIFT,
     EXIT_INTERNAL,
-    EXIT_OK,
     EXIT_SIGTERM,
     EXIT_UNVERIFIED,
     EXIT_USAGE,
@@ -51,7 +49,7 @@ from rlx_onnx_amp.exits import (
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
-from rlx_onnx_amp.reports.conversion import ConversionReport
+from rlx_onnx_amp.reports.record import Conversion, Failure, ModelResult, Repair, Verification, batch_json
 from rlx_onnx_amp.reports.text import (
     conversion_markdown,
     conversion_table,
@@ -61,7 +59,7 @@ from rlx_onnx_amp.reports.text import (
     verify_table,
 )
 from rlx_onnx_amp.rewrite import ConvertOptions
-from rlx_onnx_amp.verification import VerifyOptions, VerifyReport, verify
+from rlx_onnx_amp.verification import VerifyOptions, verify
 from rlx_onnx_amp.verification.compare import session_threads
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 
@@ -69,6 +67,7 @@ __all__ = [
     "ConvertJob",
     "JobSettings",
     "Progress",
+    "RunResults",
     "StagedProgress",
     "StopWatch",
     "WorkerOutcome",
@@ -100,28 +99,25 @@ class JobSettings:
 
 
 class ConvertJob:
-    """The models of one convert command: converts (verifies, repairs) each, prints its tables,
-    and remembers what each came to for the reports and the exit code."""
+    """Converts (verifies, repairs) the models of one convert command, one at a time, printing
+    each one's tables as it goes; each call answers what its model came to. It holds no results:
+    the one the parent runs and the copies the workers get are alike."""
 
     def __init__(self, settings: JobSettings, paths: RunPaths) -> None:
         self.settings, self.paths = settings, paths
-        self.reports: list[ConversionReport] = []
-        self.verified: list[tuple[ConversionReport, VerifyReport]] = []
-        self.failed: list[tuple[str, str, int]] = []  # (model, error, exit code)
 
-    def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> None:
+    def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> ModelResult:
         """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
         the reports name (a directory's file, staged elsewhere until the directory is whole)."""
         with session_threads(self.settings.session_threads):
             if self.settings.repair:
-                self._repair(src, dst, outputs, shown or dst)
-            else:
-                self._convert(src, dst, outputs, shown or dst)
+                return self._repair(src, dst, outputs, shown or dst)
+            return self._convert(src, dst, outputs, shown or dst)
 
-    def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> None:
+    def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
         s = self.settings
         assert s.verify_options is not None
-        report, result, repaired = repair_file(
+        report, verified, repaired = repair_file(
             src,
             dst,
             s.policy,
@@ -133,17 +129,12 @@ class ConvertJob:
             paths=self.paths,
             progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
         )
-        report.output = shown
-        self._warn_idle(report)
-        self.reports.append(report)
-        self.verified.append((report, result))
-        if not s.quiet:
-            click.echo(conversion_table(report))
-            self._hint(report)
-            click.echo(repair_summary(repaired))
-        self._show(result)
+        conversion = Conversion.from_report(report, output=shown)
+        result = ModelResult(conversion, Verification.from_report(verified), Repair.from_report(repaired))
+        self._converted(result)
+        return result
 
-    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> None:
+    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
         s = self.settings
         reference, unverified = self._reference(src)
         options = s.options
@@ -153,31 +144,26 @@ class ConvertJob:
             staged = stage_conversion(
                 src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
             )
-        report = staged.report
-        report.output = shown
-        self._warn_idle(report)
-        if not s.quiet:
-            click.echo(conversion_table(report))
-            self._hint(report)
-        if reference is not None:
-            status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
-            with StagedProgress(enabled=not s.quiet) as verify_progress:
-                result = verify(
-                    src,
-                    staged.path,
-                    s.verify_options,
-                    progress=verify_progress,
-                    candidate_label=shown,
-                    outputs=outputs,
-                    prepared=reference,
-                )
-            report.verify = result.to_json()
-            self.verified.append((report, result))
-            self._show(result)
-        elif unverified is not None:
-            report.unverified = unverified  # exit 4 (`exit_code`)
-            warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
-        self.reports.append(report)
+        conversion = Conversion.from_report(staged.report, output=shown)
+        self._converted(ModelResult(conversion))
+        if reference is None:
+            if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
+                warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
+            return ModelResult(conversion, unverified=unverified)
+        status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
+        with StagedProgress(enabled=not s.quiet) as verify_progress:
+            verified = verify(
+                src,
+                staged.path,
+                s.verify_options,
+                progress=verify_progress,
+                candidate_label=shown,
+                outputs=outputs,
+                prepared=reference,
+            )
+        result = ModelResult(conversion, Verification.from_report(verified))
+        self._verified(result)
+        return result
 
     def _reference(self, src: str) -> tuple[Reference | None, str | None]:
         """The reference's one run (screened unless --no-screen), or why there is none: with
@@ -193,97 +179,109 @@ class ConvertJob:
                     raise e.error from None
                 return None, str(e)
 
-    def convert_own(self, src: str, dst: str) -> None:
+    def convert_own(self, src: str, dst: str) -> ModelResult:
         """One model of a batch: committed on its own; a failure is reported and the rest go on."""
         try:
             with OutputSet(self.paths.protected()) as own:
-                self.convert(src, dst, own)
+                result = self.convert(src, dst, own)
                 own.commit()
+            return result
         except AmpError as e:
-            self.fail(src, str(e), e.exit_code)
+            return self._failed(src, str(e), e.exit_code)
         except Exception as e:
-            self.crash(src, e)
+            invalid = invalid_input([src])
+            if invalid is not None:
+                return self._failed(src, invalid, EXIT_USAGE)
+            traceback.print_exc()
+            bug = f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp"
+            return self._failed(src, bug, EXIT_INTERNAL)
 
-    def _show(self, result: VerifyReport) -> None:
+    def _converted(self, result: ModelResult) -> None:
+        """What a conversion prints: the warnings of options that matched nothing, its table and
+        the policy's hint (with --repair, then the repair and the drift)."""
+        assert result.conversion is not None
+        self._warn_idle(result.conversion)
         if not self.settings.quiet:
-            click.echo(verify_table(result, verbose=self.settings.verbose > 0))
-        elif not result.passed:  # -q still says that something failed, in one line
-            click.echo(failed_verdict(result))
+            click.echo(conversion_table(result.conversion))
+            self._hint(result.conversion)
+            if result.repair is not None:
+                click.echo(repair_summary(result.repair))
+        if result.verify is not None:
+            self._verified(result)
 
-    def _hint(self, report: ConversionReport) -> None:
+    def _verified(self, result: ModelResult) -> None:
+        assert result.verify is not None
+        if not self.settings.quiet:
+            click.echo(verify_table(result.verify, verbose=self.settings.verbose > 0))
+        elif not result.verify.passed:  # -q still says that something failed, in one line
+            click.echo(failed_verdict(result.verify))
+
+    def _hint(self, c: Conversion) -> None:
         """One line when the policy buys little: the policy itself is never changed."""
-        if report.cost is not None and report.policy is not None:
-            hint = policy_hint(report.cost, report.casts_inserted, report.policy.name)
+        if c.cost is not None and c.policy is not None:
+            hint = policy_hint(c.cost, c.casts_inserted, c.policy.name)
             if hint:
                 click.echo(f"rlx-amp: hint: {hint}", err=True)
 
-    def _warn_idle(self, report: ConversionReport) -> None:
+    def _warn_idle(self, c: Conversion) -> None:
         """Options that matched nothing in this model: a warning, since they may match others."""
         options, data_name = self.settings.options, self.settings.data_name
-        ops = {op.rpartition(".")[2] for op in report.by_op}
+        ops = {op.rpartition(".")[2] for op in c.by_op}
         for op in options.keep_f32_ops:
             if op not in ops:
                 close = difflib.get_close_matches(op, sorted(ops), n=3)
                 hint = f" (close: {', '.join(close)})" if close else ""
-                warn(f"--keep-f32-op {op}: {report.model} has no {op} node{hint}")
+                warn(f"--keep-f32-op {op}: {c.model} has no {op} node{hint}")
         for pattern in options.keep_f32_nodes:
-            if not any(k.reason == f"user: --keep-f32-node {pattern}" for k in report.kept_f32):
-                warn(f"--keep-f32-node {pattern}: no node of {report.model} that the policy lowers matches")
-        if data_name is not None and not report.data_files:
-            warn(f"--data-name {data_name}: {report.output} is written without external data")
+            if not any(k.reason == f"user: --keep-f32-node {pattern}" for k in c.kept_f32):
+                warn(f"--keep-f32-node {pattern}: no node of {c.model} that the policy lowers matches")
+        if data_name is not None and not c.data_files:
+            warn(f"--data-name {data_name}: {c.output} is written without external data")
 
-    def fail(self, src: str, message: str, code: int) -> None:
-        self.failed.append((src, message, code))
+    def _failed(self, src: str, message: str, code: int) -> ModelResult:
         click.echo(error_line(message), err=True)
+        return ModelResult(failure=Failure(src, message, code))
 
-    def crash(self, src: str, e: Exception) -> None:
-        invalid = invalid_input([src])
-        if invalid is not None:
-            self.fail(src, invalid, EXIT_USAGE)
-            return
-        traceback.print_exc()
-        self.fail(src, f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp", EXIT_INTERNAL)
 
+@dataclass(frozen=True)
+class RunResults:
+    """What the models of one convert command came to, in input order: its reports, its
+    summary line and its exit code (the worst of its models')."""
+
+    results: tuple[ModelResult, ...]
+    verifying: bool  # not --no-verify
+
+    @property
     def exit_code(self) -> int:
-        codes = [EXIT_DRIFT if not v.passed else EXIT_OK for _, v in self.verified] + [c for _, _, c in self.failed]
-        codes += [EXIT_UNVERIFIED for r in self.reports if r.unverified is not None]
-        return worst_exit_code(codes)  # a batch exits with the worst of its models
+        return worst_exit_code([r.exit_code for r in self.results])
 
     def json(self, batch: bool) -> dict[str, Any]:
-        if not batch:
-            return self.reports[0].to_json()
-        return {
-            "models": [r.to_json() for r in self.reports],
-            "failed": [{"model": m, "error": e, "exit_code": c} for m, e, c in self.failed],
-            "passed": self.exit_code() == EXIT_OK,
-            "exit_code": self.exit_code(),
-        }
+        return batch_json(self.results, self.exit_code) if batch else self.results[0].to_json()
 
     def markdown(self) -> str:
-        failed = [(m, e) for m, e, _ in self.failed]
-        if self.verified or (failed and self.settings.verify_options is not None):
-            return verify_markdown(self.verified, failed)
-        return conversion_markdown(self.reports, failed)
+        failed = any(r.failure is not None for r in self.results)
+        if any(r.verify is not None for r in self.results) or (failed and self.verifying):
+            return verify_markdown(self.results)
+        return conversion_markdown(self.results)
 
     def html(self) -> str:
         from rlx_onnx_amp.reports.html import html_report  # matplotlib: only when a page is asked for
 
-        verified = {id(c): v for c, v in self.verified}
-        entries = [(r, verified.get(id(r))) for r in self.reports]
-        return html_report(entries, [(m, e) for m, e, _ in self.failed], title="rlx-amp conversion report")
+        return html_report(self.results, title="rlx-amp conversion report")
 
-    def summary(self, batch: bool) -> None:
-        if not batch:
-            return
-        bad = [v.candidate for _, v in self.verified if not v.passed] + [m for m, _, _ in self.failed]
-        unverified = [r.output for r in self.reports if r.unverified is not None]
-        total = len(self.reports) + len(self.failed)
-        if bad or unverified or not self.settings.quiet:
-            word = "passed" if self.settings.verify_options is not None else "converted"
-            line = f"{total - len(bad) - len(unverified)} of {total} models {word}"
-            line += f"; failed: {', '.join(bad)}" if bad else ""
-            line += f"; not verified: {', '.join(unverified)}" if unverified else ""
-            click.echo(line)
+    def summary(self, quiet: bool) -> str | None:
+        """A batch's last line: how many passed (or were converted), which failed, which were
+        written unverified; with -q only when something did not pass."""
+        bad = [r.verify.candidate for r in self.results if r.verify is not None and not r.verify.passed]
+        bad += [r.failure.model for r in self.results if r.failure is not None]
+        unverified = [r.output or r.model for r in self.results if r.unverified is not None]
+        if not (bad or unverified or not quiet):
+            return None
+        line = f"{len(self.results) - len(bad) - len(unverified)} of {len(self.results)} models "
+        line += "passed" if self.verifying else "converted"
+        line += f"; failed: {', '.join(bad)}" if bad else ""
+        line += f"; not verified: {', '.join(unverified)}" if unverified else ""
+        return line
 
 
 def invalid_input(models: Sequence[str]) -> str | None:
@@ -295,13 +293,11 @@ def invalid_input(models: Sequence[str]) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerOutcome:
-    """What a worker's model came to: the job's new entries and what it printed."""
+    """What a worker's model came to, and what it printed."""
 
-    reports: list[ConversionReport]
-    verified: list[tuple[ConversionReport, VerifyReport]]
-    failed: list[tuple[str, str, int]]
+    result: ModelResult
     stdout: str
     stderr: str
 
@@ -346,13 +342,13 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
     try:
         _converting = True
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            job.convert_own(src, dst)
+            result = job.convert_own(src, dst)
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         os._exit(EXIT_SIGTERM)
     finally:
         _converting = False
     _leave_if_stopped()
-    return index, WorkerOutcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
+    return index, WorkerOutcome(result, out.getvalue(), err.getvalue())
 
 
 def _model_bytes(path: str) -> int:
@@ -365,19 +361,19 @@ def _model_bytes(path: str) -> int:
         return 0
 
 
-def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) -> None:
+def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) -> list[ModelResult]:
     """The batch in `workers` processes: each model converted, verified and committed by a
     worker exactly as `convert_own` does it alone, the largest first; the parent prints what
-    each printed and gathers its reports in input order, so reports and exit code are those of
+    each printed and gathers the results in input order, so reports and exit code are those of
     --jobs 1. Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a
     commit)."""
     threads = max(1, (os.cpu_count() or 1) // workers)  # onnxruntime shares the CPUs out
     worker_job = ConvertJob(dataclasses.replace(job.settings, session_threads=threads), job.paths)
+    results: list[ModelResult] = []
     context = multiprocessing.get_context(START_METHOD)
     order = sorted(range(len(pairs)), key=lambda i: -_model_bytes(pairs[i][0]))
     tasks = [(i, worker_job, *pairs[i]) for i in order]
     done: dict[int, WorkerOutcome] = {}
-    shown = 0
     pool = context.Pool(workers, initializer=_worker_start)
     worker_pids = [child.pid for child in multiprocessing.active_children() if child.pid is not None]
     try:
@@ -385,9 +381,8 @@ def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) 
             if stop_requested():  # a signal whose exception was lost: the batch still stops
                 raise_stop()
             done[index] = outcome
-            while shown in done:  # in input order, as soon as the next one is there
-                _take(job, done.pop(shown))
-                shown += 1
+            while len(results) in done:  # in input order, as soon as the next one is there
+                results.append(_take(done.pop(len(results))))
         pool.close()
     except BaseException:
         with StopWatch(worker_pids):
@@ -395,6 +390,7 @@ def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) 
         raise
     finally:
         pool.join()
+    return results
 
 
 class StopWatch(contextlib.AbstractContextManager["StopWatch"]):
@@ -437,16 +433,11 @@ def _is_child(pid: int) -> bool:
     return fields[0] != "Z" and int(fields[1]) == os.getpid()
 
 
-def _take(job: ConvertJob, outcome: WorkerOutcome) -> None:
-    """A worker's model into the batch: what it printed, then its reports."""
+def _take(outcome: WorkerOutcome) -> ModelResult:
+    """A worker's model into the batch: what it printed, then its result."""
     click.echo(outcome.stdout, nl=False)
     click.echo(outcome.stderr, nl=False, err=True)
-    verified = {id(report): result for report, result in outcome.verified}
-    for report in outcome.reports:  # pickling made new objects: keep report and result paired
-        job.reports.append(report)
-        if id(report) in verified:
-            job.verified.append((report, verified[id(report)]))
-    job.failed.extend(outcome.failed)
+    return outcome.result
 
 
 def warn(message: str) -> None:
@@ -516,7 +507,7 @@ class StagedProgress:
             self.bar = None
 
 
-def convert_directory(job: ConvertJob, src: Path, out: Path) -> None:
+def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult]:
     """An export directory into `out`, whole or not at all (`rlx_onnx_amp.directory`): every
     model converted (verified, repaired) under its relative name, every other file copied, the
     caches' types checked across files; a model that fails leaves nothing written."""
@@ -525,12 +516,14 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> None:
     ):
         raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
     export = scan_export_dir(src)
+    results: list[ModelResult] = []
     with StagedDirectory(out) as staged:
         with OutputSet(job.paths.protected()) as outputs:
             for rel in export.models:
-                job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel))
+                results.append(job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel)))
             outputs.commit()
         for rel in export.others:
             staged.copy(src / rel, rel)
         check_cache_types(staged.root, export.models)
         staged.commit()
+    return results

@@ -28,6 +28,7 @@ from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, write_d
 from rlx_onnx_amp.batch import (
     ConvertJob,
     JobSettings,
+    RunResults,
     StagedProgress,
     convert_directory,
     invalid_input,
@@ -51,6 +52,7 @@ from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
+from rlx_onnx_amp.reports.record import ModelResult, Verification
 from rlx_onnx_amp.reports.text import (
     compare_policies_table,
     failed_verdict,
@@ -444,23 +446,25 @@ def convert_cmd(
         workers = min(jobs or os.cpu_count() or 1, len(models))
         with OutputSet(paths.protected()) as outputs:
             if directory:  # staged and put in place whole, before the reports
-                convert_directory(job, directory, Path(targets[0]))
+                results = convert_directory(job, directory, Path(targets[0]))
             elif not batch:  # one model: model and reports are committed together
-                job.convert(models[0], targets[0], outputs)
+                results = [job.convert(models[0], targets[0], outputs)]
             elif workers > 1:
-                run_in_workers(job, list(zip(models, targets)), workers)
+                results = run_in_workers(job, list(zip(models, targets)), workers)
             else:
-                for src, dst in zip(models, targets):
-                    job.convert_own(src, dst)
+                results = [job.convert_own(src, dst) for src, dst in zip(models, targets)]
+            run_results = RunResults(tuple(results), verifying)
             if report_json:
-                outputs.write_text(report_json, _json_text(job.json(batch)))
+                outputs.write_text(report_json, _json_text(run_results.json(batch)))
             if report_md:
-                outputs.write_text(report_md, job.markdown())
+                outputs.write_text(report_md, run_results.markdown())
             if report_html:
-                outputs.write_text(report_html, job.html())
+                outputs.write_text(report_html, run_results.html())
             outputs.commit()
-        job.summary(batch)
-        return job.exit_code()
+        summary = run_results.summary(quiet) if batch else None
+        if summary is not None:
+            click.echo(summary)
+        return run_results.exit_code
 
     _run_guarded(run, models, batch=len(models) > 1)
 
@@ -563,7 +567,9 @@ def verify_cmd(
         with OutputSet(paths.protected()) as outputs:
             status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
             with StagedProgress(enabled=not quiet) as progress:
-                result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+                result = Verification.from_report(
+                    verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+                )
             if not quiet:
                 click.echo(verify_table(result, verbose=verbose > 0))
             elif not result.passed:  # -q still says that something failed, in one line
@@ -571,11 +577,11 @@ def verify_cmd(
             if report_json:
                 outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
             if report_md:
-                outputs.write_text(report_md, verify_markdown([(None, result)]))
+                outputs.write_text(report_md, verify_markdown([ModelResult(verify=result)]))
             if report_html:
                 from rlx_onnx_amp.reports.html import html_report  # matplotlib: only when a page is asked for
 
-                outputs.write_text(report_html, html_report([(None, result)], title="rlx-amp drift report"))
+                outputs.write_text(report_html, html_report([ModelResult(verify=result)], title="rlx-amp drift report"))
             outputs.commit()
         return EXIT_OK if result.passed else EXIT_DRIFT
 
@@ -600,14 +606,13 @@ def merge_reports_cmd(reports: Sequence[str], report_json: str | None, report_md
         markdown = merged_markdown(merged)
         with OutputSet(paths.protected()) as outputs:
             if report_json:
-                outputs.write_text(report_json, _json_text(merged))
+                outputs.write_text(report_json, _json_text(merged.to_json()))
             if report_md:
                 outputs.write_text(report_md, markdown)
             outputs.commit()
         if not quiet and not report_md:
             click.echo(markdown, nl=False)
-        exit_code: int = merged["exit_code"]
-        return exit_code
+        return merged.exit_code
 
     _run_guarded(run)
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar
 
 import onnx
 import pytest
@@ -191,10 +190,6 @@ def test_shards_merged_equal_one_batch(tmp_path: Path) -> None:
 class _LostStopJob:
     """A batch job whose conversion lost its SIGTERM: the handler ran (the stop is recorded)
     but its exception vanished, as one raised inside a `__del__` does, and convert_own returned."""
-
-    reports: ClassVar[list] = []
-    verified: ClassVar[list] = []
-    failed: ClassVar[list] = []
 
     def convert_own(self, src: str, dst: str) -> None:
         from rlx_onnx_amp.exits import request_stop
