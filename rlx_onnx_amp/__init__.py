@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.policy import Policy as Policy
     from rlx_onnx_amp.policy import policy_from_name as policy_from_name
     from rlx_onnx_amp.precision import Precision as Precision
-    from rlx_onnx_amp.report import ConversionReport as ConversionReport
+    from rlx_onnx_amp.reports.conversion import ConversionReport as ConversionReport
     from rlx_onnx_amp.rewrite import ConvertOptions as ConvertOptions
     from rlx_onnx_amp.taxonomy import OpKind as OpKind
 
@@ -62,7 +62,7 @@ _HOMES = {
     "Policy": "policy",
     "policy_from_name": "policy",
     "Precision": "precision",
-    "ConversionReport": "report",
+    "ConversionReport": "reports.conversion",
     "OpKind": "taxonomy",
 }
 

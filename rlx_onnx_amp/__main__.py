@@ -19,20 +19,22 @@ import os
 import signal
 import sys
 
-from rlx_onnx_amp.errors import Terminated, raise_terminated
-from rlx_onnx_amp.files import signals_deferred
+from rlx_onnx_amp.exits import (
+    EXIT_SIGINT,
+    EXIT_SIGPIPE,
+    EXIT_SIGTERM,
+    EXIT_USAGE,
+    Terminated,
+    fail,
+    ignore_stop_signals,
+    raise_terminated,
+    signals_deferred,
+)
 
-EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
-EXIT_SIGPIPE = 141  # 128 + SIGPIPE
 NO_ONNXRUNTIME = (
     "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
     "and its CUDA provider)"
 )
-
-
-def _stop(message: str, code: int) -> None:
-    print(f"rlx-amp: error: {message}", file=sys.stderr)
-    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,11 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _stdout_closed()
     finally:
-        # The run is over: its outputs are committed or removed, and its exit code decided. A
-        # signal now would find Python's handlers gone while the interpreter shuts down and
-        # kill the process (-15) after a complete run: from here on it is ignored.
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, signal.SIG_IGN)
+        ignore_stop_signals()
 
 
 def _stdout_closed() -> None:
@@ -75,7 +73,7 @@ def _main(argv: list[str] | None) -> None:
             except ModuleNotFoundError as e:
                 if e.name != "onnxruntime":
                     raise
-                _stop(NO_ONNXRUNTIME, EXIT_USAGE)
+                fail(NO_ONNXRUNTIME, EXIT_USAGE)
 
         stdout = sys.stdout
         try:
@@ -90,13 +88,13 @@ def _main(argv: list[str] | None) -> None:
         except click.exceptions.Exit as e:  # --help, --version
             sys.exit(e.exit_code)
         except click.ClickException as e:  # usage errors: one short line naming the option
-            _stop(e.format_message(), e.exit_code)
+            fail(e.format_message(), e.exit_code)
         except click.Abort:  # click's name for Ctrl-C
-            _stop("interrupted; nothing written", EXIT_SIGINT)
+            fail("interrupted; nothing written", EXIT_SIGINT)
     except KeyboardInterrupt:
-        _stop("interrupted; nothing written", EXIT_SIGINT)
+        fail("interrupted; nothing written", EXIT_SIGINT)
     except Terminated:
-        _stop("terminated; nothing written", EXIT_SIGTERM)
+        fail("terminated; nothing written", EXIT_SIGTERM)
     sys.exit(0)
 
 

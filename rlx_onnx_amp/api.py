@@ -20,7 +20,7 @@ from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.ranges import ValueRange
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.taxonomy import OpKind
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes

@@ -1,70 +1,69 @@
 """The `rlx-amp` command line: parsing, files and output on top of the library.
 
-`rlx-amp MODEL ... -o OUT` is the `convert` command; `inspect` and `verify` are subcommands.
-
-Exit codes: 0 success; 1 drift over tolerance (models and reports are written); 2 bad usage or
-input and 3 a model onnxruntime cannot run (one line on stderr, nothing written); 70 an internal
-error, a bug (its traceback, then one line); 130 and 143 interrupted by SIGINT or SIGTERM
-(nothing written, no scratch left). Every path a run writes is planned and checked against the
-paths it reads before work starts, and all outputs are committed together at the end
-(`rlx_onnx_amp.files`).
+`rlx-amp MODEL ... -o OUT` is the `convert` command; `inspect`, `verify`, `merge-reports` and
+`demo` are subcommands. Each model of a convert command is converted, verified and printed by
+`rlx_onnx_amp.batch`; exit codes and signals are `rlx_onnx_amp.exits`'. Every path a run writes
+is planned and checked against the paths it reads before work starts, and all outputs are
+committed together at the end (`rlx_onnx_amp.files`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import io
 import json
 import logging
-import multiprocessing
 import os
-import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from rlx_onnx_amp import render
-from rlx_onnx_amp.api import checker_failure, load_model, make_options, plan_model_reads, stage_conversion, write_demo
-from rlx_onnx_amp.cost import policy_hint
-from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
-from rlx_onnx_amp.errors import (
-    AmpError,
-    InputError,
-    Terminated,
-    first_line,
-    raise_interrupted,
-    raise_stop,
-    raise_terminated,
-    request_stop,
-    stop_requested,
+from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, write_demo
+from rlx_onnx_amp.batch import (
+    ConvertJob,
+    JobSettings,
+    RunResults,
+    StagedProgress,
+    convert_directory,
+    invalid_input,
+    run_in_workers,
+    status,
 )
-from rlx_onnx_amp.files import OutputSet, RunPaths, signal_held_during_commit
+from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.exits import (
+    EXIT_DRIFT,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    Terminated,
+    fail,
+    signal_held_during_commit,
+    stop_handlers,
+)
+from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
-from rlx_onnx_amp.merge import merge_reports, merged_markdown, worst_exit_code
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
-from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.repair import DEFAULT_BUDGET
+from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
+from rlx_onnx_amp.reports.record import ModelResult, Verification
+from rlx_onnx_amp.reports.text import (
+    compare_policies_table,
+    failed_verdict,
+    inspect_table,
+    verify_markdown,
+    verify_table,
+)
 from rlx_onnx_amp.tensors import WeightSource
-from rlx_onnx_amp.verification import InputSpec, VerifyOptions, VerifyReport, compare, resolve_provider, verify
+from rlx_onnx_amp.verification import InputSpec, VerifyOptions, resolve_provider, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
-from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.reference import prepare_reference
 from rlx_onnx_amp.verification.tolerance import Tolerances
-
-EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from ModelRunError
-#: Converted and written, but not verified: the reference could not run on the inputs a default
-#: verification uses (guessed axes, an op onnxruntime lacks). With --verify it is an error.
-EXIT_UNVERIFIED = 4
-EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 
 class _DefaultGroup(click.Group):
@@ -82,43 +81,31 @@ class _DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> None:
-    click.echo(f"rlx-amp: error: {message}", err=True)
-    sys.exit(code)
-
-
 def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool = False) -> None:
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
-    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    request_stop(None)  # a new run
-    signal.signal(signal.SIGTERM, raise_terminated)
-    if previous[signal.SIGINT] is signal.default_int_handler:  # not where SIGINT is ignored
-        signal.signal(signal.SIGINT, raise_interrupted)
-    try:
-        code = fn()
-    except AmpError as e:
-        _fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
-    except Terminated:
-        _fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
-    except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
-        raise
-    except Exception as e:
-        invalid = _invalid_input(inputs)
-        if invalid is not None:
-            _fail(invalid)
-        traceback.print_exc()
-        _fail(
-            f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp, "
-            "please report it with the model",
-            EXIT_INTERNAL,
-        )
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    with stop_handlers():
+        try:
+            code = fn()
+        except AmpError as e:
+            fail(str(e), e.exit_code)
+        except KeyboardInterrupt:
+            fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
+        except Terminated:
+            fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
+        except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
+            raise
+        except Exception as e:
+            invalid = invalid_input(inputs)
+            if invalid is not None:
+                fail(invalid)
+            traceback.print_exc()
+            fail(
+                f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp, "
+                "please report it with the model",
+                EXIT_INTERNAL,
+            )
     sys.exit(code)
 
 
@@ -133,15 +120,6 @@ def _what_was_written(batch: bool = False) -> str:
     if signal_held_during_commit():
         return "the signal came while the outputs were being moved into place: they are complete and written"
     return "nothing written"
-
-
-def _invalid_input(models: Sequence[str]) -> str | None:
-    """One line naming the first input model that fails onnx.checker (full check), if any."""
-    for model in models:
-        first = checker_failure(model, 300)
-        if first is not None:
-            return f"{model}: not a valid ONNX model (onnx.checker: {first}); nothing written"
-    return None
 
 
 def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
@@ -427,8 +405,19 @@ def convert_cmd(
             paths.write(dst, "output model")
         _plan_reports(paths, report_json, report_md, verify_options, map_file, report_html)
         paths.check()
-        job = _ConvertJob(resolved, options, verify_options, do_repair, repair_budget, data_name, quiet, verbose, paths)
-        job.screen, job.verify_required = screen and not do_repair, bool(do_verify)
+        settings = JobSettings(
+            resolved,
+            options,
+            verify_options,
+            repair=do_repair,
+            budget=repair_budget,
+            data_name=data_name,
+            screen=screen and not do_repair,
+            verify_required=bool(do_verify),
+            quiet=quiet,
+            verbose=verbose,
+        )
+        job = ConvertJob(settings, paths)
         if not verifying and not quiet:
             click.echo("rlx-amp: note: --no-verify: nothing was measured; the output's drift is unknown", err=True)
         batch = len(models) > 1 or directory is not None
@@ -437,23 +426,25 @@ def convert_cmd(
         workers = min(jobs or os.cpu_count() or 1, len(models))
         with OutputSet(paths.protected()) as outputs:
             if directory:  # staged and put in place whole, before the reports
-                _convert_directory(job, directory, Path(targets[0]))
+                results = convert_directory(job, directory, Path(targets[0]))
             elif not batch:  # one model: model and reports are committed together
-                job.convert(models[0], targets[0], outputs)
+                results = [job.convert(models[0], targets[0], outputs)]
             elif workers > 1:
-                _run_in_workers(job, list(zip(models, targets)), workers)
+                results = run_in_workers(job, list(zip(models, targets)), workers)
             else:
-                for src, dst in zip(models, targets):
-                    job.convert_own(src, dst)
+                results = [job.convert_own(src, dst) for src, dst in zip(models, targets)]
+            run_results = RunResults(tuple(results), verifying)
             if report_json:
-                outputs.write_text(report_json, _json_text(job.json(batch)))
+                outputs.write_text(report_json, _json_text(run_results.json(batch)))
             if report_md:
-                outputs.write_text(report_md, job.markdown())
+                outputs.write_text(report_md, run_results.markdown())
             if report_html:
-                outputs.write_text(report_html, job.html())
+                outputs.write_text(report_html, run_results.html())
             outputs.commit()
-        job.summary(batch)
-        return job.exit_code()
+        summary = run_results.summary(quiet) if batch else None
+        if summary is not None:
+            click.echo(summary)
+        return run_results.exit_code
 
     _run_guarded(run, models, batch=len(models) > 1)
 
@@ -490,446 +481,6 @@ def _refuse_idle_options(ctx: click.Context, do_verify: bool | None, do_repair: 
         )
     if ctx.get_parameter_source("repair_budget") is not ParameterSource.DEFAULT and not do_repair:
         raise InputError("--repair-budget needs --repair")
-
-
-class _ConvertJob:
-    """The models of one convert command: converts (verifies, repairs) each, prints its tables,
-    and remembers what each came to for the reports and the exit code."""
-
-    def __init__(
-        self,
-        policy: Policy,
-        options: Any,
-        verify_options: VerifyOptions | None,
-        repair: bool,
-        budget: int,
-        data_name: str | None,
-        quiet: bool,
-        verbose: int,
-        paths: RunPaths,
-    ) -> None:
-        self.policy, self.options, self.verify_options = policy, options, verify_options
-        self.repair, self.budget, self.data_name = repair, budget, data_name
-        self.quiet, self.verbose, self.paths = quiet, verbose, paths
-        self.screen = True  # rule range-screen from the reference run (not with --repair: it screens itself)
-        self.verify_required = False  # --verify: a reference that cannot run is an error, not exit 4
-        self.reports: list[ConversionReport] = []
-        self.verified: list[tuple[ConversionReport, VerifyReport]] = []
-        self.failed: list[tuple[str, str, int]] = []  # (model, error, exit code)
-
-    def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> None:
-        """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
-        the reports name (a directory's file, staged elsewhere until the directory is whole)."""
-        shown = shown or dst
-        if self.repair:
-            assert self.verify_options is not None
-            report, result, repaired = repair_file(
-                src,
-                dst,
-                self.policy,
-                options=self.options,
-                verify_options=self.verify_options,
-                budget=self.budget,
-                data_name=self.data_name,
-                outputs=outputs,
-                paths=self.paths,
-                progress=None if self.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
-            )
-            report.output = shown
-            self._warn_idle(report)
-            self.reports.append(report)
-            self.verified.append((report, result))
-            if not self.quiet:
-                click.echo(render.conversion_table(report))
-                self._hint(report)
-                click.echo(render.repair_summary(repaired))
-            self._show(result)
-            return
-        reference, unverified = self._reference(src)
-        options = self.options
-        if reference is not None and reference.value_ranges:
-            options = dataclasses.replace(options, value_ranges=reference.value_ranges)
-        with _Progress(f"converting {Path(src).name}", enabled=not self.quiet) as progress:
-            staged = stage_conversion(
-                src,
-                dst,
-                outputs,
-                self.paths,
-                self.policy,
-                options=options,
-                data_name=self.data_name,
-                progress=progress,
-            )
-        report = staged.report
-        report.output = shown
-        self._warn_idle(report)
-        if not self.quiet:
-            click.echo(render.conversion_table(report))
-            self._hint(report)
-        if reference is not None:
-            _status(f"verifying {shown} against {src} ...", enabled=not self.quiet)
-            with _StagedProgress(enabled=not self.quiet) as verify_progress:
-                result = verify(
-                    src,
-                    staged.path,
-                    self.verify_options,
-                    progress=verify_progress,
-                    candidate_label=shown,
-                    outputs=outputs,
-                    prepared=reference,
-                )
-            report.verify = result.to_json()
-            self.verified.append((report, result))
-            self._show(result)
-        elif unverified is not None:
-            report.unverified = unverified  # exit 4 (`exit_code`)
-            _warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
-        self.reports.append(report)
-
-    def _reference(self, src: str) -> tuple[Reference | None, str | None]:
-        """The reference's one run (screened unless --no-screen), or why there is none: with
-        verification by default a reference that cannot run leaves the model unverified."""
-        if self.verify_options is None:
-            return None, None
-        with _StagedProgress(enabled=not self.quiet) as progress:
-            try:
-                return prepare_reference(src, self.verify_options, screen=self.screen, progress=progress), None
-            except ReferenceUnavailable as e:
-                if self.verify_required:
-                    raise e.error from None
-                return None, str(e)
-
-    def convert_own(self, src: str, dst: str) -> None:
-        """One model of a batch: committed on its own; a failure is reported and the rest go on."""
-        try:
-            with OutputSet(self.paths.protected()) as own:
-                self.convert(src, dst, own)
-                own.commit()
-        except AmpError as e:
-            self.fail(src, str(e), e.exit_code)
-        except Exception as e:
-            self.crash(src, e)
-
-    def _show(self, result: VerifyReport) -> None:
-        if not self.quiet:
-            click.echo(render.verify_table(result, verbose=self.verbose > 0))
-        elif not result.passed:  # -q still says that something failed, in one line
-            click.echo(render.failed_verdict(result))
-
-    def _hint(self, report: ConversionReport) -> None:
-        """One line when the policy buys little: the policy itself is never changed."""
-        if report.cost is not None and report.policy is not None:
-            hint = policy_hint(report.cost, report.casts_inserted, report.policy.name)
-            if hint:
-                click.echo(f"rlx-amp: hint: {hint}", err=True)
-
-    def _warn_idle(self, report: ConversionReport) -> None:
-        """Options that matched nothing in this model: a warning, since they may match others."""
-        ops = {op.rpartition(".")[2] for op in report.by_op}
-        for op in self.options.keep_f32_ops:
-            if op not in ops:
-                close = difflib.get_close_matches(op, sorted(ops), n=3)
-                hint = f" (close: {', '.join(close)})" if close else ""
-                _warn(f"--keep-f32-op {op}: {report.model} has no {op} node{hint}")
-        for pattern in self.options.keep_f32_nodes:
-            if not any(k.reason == f"user: --keep-f32-node {pattern}" for k in report.kept_f32):
-                _warn(f"--keep-f32-node {pattern}: no node of {report.model} that the policy lowers matches")
-        if self.data_name is not None and not report.data_files:
-            _warn(f"--data-name {self.data_name}: {report.output} is written without external data")
-
-    def fail(self, src: str, message: str, code: int) -> None:
-        self.failed.append((src, message, code))
-        click.echo(f"rlx-amp: error: {message}", err=True)
-
-    def crash(self, src: str, e: Exception) -> None:
-        invalid = _invalid_input([src])
-        if invalid is not None:
-            self.fail(src, invalid, EXIT_USAGE)
-            return
-        traceback.print_exc()
-        self.fail(src, f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp", EXIT_INTERNAL)
-
-    def exit_code(self) -> int:
-        codes = [EXIT_DRIFT if not v.passed else EXIT_OK for _, v in self.verified] + [c for _, _, c in self.failed]
-        codes += [EXIT_UNVERIFIED for r in self.reports if r.unverified is not None]
-        return worst_exit_code(codes)  # a batch exits with the worst of its models
-
-    def json(self, batch: bool) -> dict[str, Any]:
-        if not batch:
-            return self.reports[0].to_json()
-        return {
-            "models": [r.to_json() for r in self.reports],
-            "failed": [{"model": m, "error": e, "exit_code": c} for m, e, c in self.failed],
-            "passed": self.exit_code() == EXIT_OK,
-            "exit_code": self.exit_code(),
-        }
-
-    def markdown(self) -> str:
-        failed = [(m, e) for m, e, _ in self.failed]
-        if self.verified or (failed and self.verify_options is not None):
-            return render.verify_markdown(self.verified, failed)
-        return render.conversion_markdown(self.reports, failed)
-
-    def html(self) -> str:
-        from rlx_onnx_amp.html_report import html_report
-
-        verified = {id(c): v for c, v in self.verified}
-        entries = [(r, verified.get(id(r))) for r in self.reports]
-        return html_report(entries, [(m, e) for m, e, _ in self.failed], title="rlx-amp conversion report")
-
-    def summary(self, batch: bool) -> None:
-        if not batch:
-            return
-        bad = [v.candidate for _, v in self.verified if not v.passed] + [m for m, _, _ in self.failed]
-        unverified = [r.output for r in self.reports if r.unverified is not None]
-        total = len(self.reports) + len(self.failed)
-        if bad or unverified or not self.quiet:
-            word = "passed" if self.verify_options is not None else "converted"
-            line = f"{total - len(bad) - len(unverified)} of {total} models {word}"
-            line += f"; failed: {', '.join(bad)}" if bad else ""
-            line += f"; not verified: {', '.join(unverified)}" if unverified else ""
-            click.echo(line)
-
-
-@dataclass
-class _Outcome:
-    """What a worker's model came to: the job's new entries and what it printed."""
-
-    reports: list[ConversionReport]
-    verified: list[tuple[ConversionReport, VerifyReport]]
-    failed: list[tuple[str, str, int]]
-    stdout: str
-    stderr: str
-
-
-#: How batch workers start: forked where the platform can (instantly, with everything imported;
-#: the parent has opened no onnxruntime session yet, so no thread pool is copied mid-flight),
-#: spawned elsewhere.
-_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-#: Whether this worker is converting a model (the SIGTERM handler unwinds it) or waiting for
-#: the next one inside the pool's queue (where an exception would be the pool's traceback).
-_converting = False
-
-
-def _worker_start(threads: int) -> None:
-    """A worker: SIGTERM unwinds a conversion (staging cleaned, a commit finished first) and
-    ends an idle worker at once; SIGINT is left to the parent, which stops every worker with
-    SIGTERM; onnxruntime shares the CPUs."""
-    signal.signal(signal.SIGTERM, _worker_sigterm)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    compare.SESSION_THREADS = threads
-
-
-def _worker_sigterm(signum: int, frame: object) -> None:
-    if _converting:
-        raise_terminated(signum, frame)
-    os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
-
-
-def _leave_if_stopped() -> None:
-    """A worker told to stop never takes another model, even when the handler's exception
-    was lost (errors.stop_requested): the parent holds the task queue's lock by then, and a
-    worker waiting for it would wait for ever."""
-    if stop_requested():
-        os._exit(EXIT_SIGTERM)
-
-
-def _worker_convert(task: tuple[int, _ConvertJob, str, str]) -> tuple[int, _Outcome]:
-    global _converting
-    index, job, src, dst = task
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        _converting = True
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            job.convert_own(src, dst)
-    except Terminated:  # the parent stops the batch; staging and scratch are already removed
-        os._exit(EXIT_SIGTERM)
-    finally:
-        _converting = False
-    _leave_if_stopped()
-    return index, _Outcome(job.reports, job.verified, job.failed, out.getvalue(), err.getvalue())
-
-
-def _model_bytes(path: str) -> int:
-    """A model's size with the files beside it that its name prefixes (its data): the larger
-    ones are handed out first, so the last worker does not finish alone."""
-    p = Path(path)
-    try:
-        return sum(f.stat().st_size for f in p.parent.iterdir() if f.name.startswith(p.name) and f.is_file())
-    except OSError:
-        return 0
-
-
-def _run_in_workers(job: _ConvertJob, pairs: list[tuple[str, str]], workers: int) -> None:
-    """The batch in `workers` processes: each model converted, verified and committed by a
-    worker exactly as `convert_own` does it alone, the largest first; the parent prints what
-    each printed and gathers its reports in input order, so reports and exit code are those of
-    --jobs 1. Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a
-    commit)."""
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    context = multiprocessing.get_context(_START_METHOD)
-    order = sorted(range(len(pairs)), key=lambda i: -_model_bytes(pairs[i][0]))
-    tasks = [(i, job, *pairs[i]) for i in order]
-    done: dict[int, _Outcome] = {}
-    shown = 0
-    pool = context.Pool(workers, initializer=_worker_start, initargs=(threads,))
-    worker_pids = [child.pid for child in multiprocessing.active_children() if child.pid is not None]
-    try:
-        for index, outcome in pool.imap_unordered(_worker_convert, tasks):
-            if stop_requested():  # a signal whose exception was lost: the batch still stops
-                raise_stop()
-            done[index] = outcome
-            while shown in done:  # in input order, as soon as the next one is there
-                _take(job, done.pop(shown))
-                shown += 1
-        pool.close()
-    except BaseException:
-        with _StopWatch(worker_pids):
-            pool.terminate()  # SIGTERM to every worker, then waits for each
-        raise
-    finally:
-        pool.join()
-
-
-class _StopWatch(contextlib.AbstractContextManager["_StopWatch"]):
-    """While the pool stops its workers: a worker still alive after `resend_s` gets SIGTERM
-    again (once a signal can be lost, see `_leave_if_stopped`), and after `kill_s` SIGKILL,
-    so an interrupted batch always ends. Only processes that are still this process's
-    children are signalled (Linux's /proc says; elsewhere the watch does nothing)."""
-
-    def __init__(self, pids: list[int], resend_s: float = 5.0, kill_s: float = 60.0) -> None:
-        self.pids, self.resend_s, self.kill_s = pids, resend_s, kill_s
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="rlx-amp-stop-watch", daemon=True)
-
-    def __enter__(self) -> _StopWatch:
-        if Path("/proc").is_dir():
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-
-    def _watch(self) -> None:
-        waited = 0.0
-        while not self.done.wait(self.resend_s):
-            waited += self.resend_s
-            number = signal.SIGKILL if waited >= self.kill_s else signal.SIGTERM
-            for pid in self.pids:
-                if _is_child(pid):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, number)
-
-
-def _is_child(pid: int) -> bool:
-    """Whether `pid` is a child of this process that has not been reaped (so not a reused pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-    return fields[0] != "Z" and int(fields[1]) == os.getpid()
-
-
-def _take(job: _ConvertJob, outcome: _Outcome) -> None:
-    """A worker's model into the batch: what it printed, then its reports."""
-    click.echo(outcome.stdout, nl=False)
-    click.echo(outcome.stderr, nl=False, err=True)
-    verified = {id(report): result for report, result in outcome.verified}
-    for report in outcome.reports:  # pickling made new objects: keep report and result paired
-        job.reports.append(report)
-        if id(report) in verified:
-            job.verified.append((report, verified[id(report)]))
-    job.failed.extend(outcome.failed)
-
-
-def _warn(message: str) -> None:
-    click.echo(f"rlx-amp: warning: {message}", err=True)
-
-
-def _status(line: str, enabled: bool) -> None:
-    """A status line for long steps, on a terminal only."""
-    if enabled and sys.stderr.isatty():
-        click.echo(line, err=True)
-
-
-class _Progress:
-    """A progress bar on stderr, only when stderr is a terminal and not --quiet."""
-
-    def __init__(self, label: str, enabled: bool, min_total: int = 64 << 20) -> None:
-        self.label = label
-        self.min_total = min_total  # below this the work ends before a bar helps
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar: Any = None
-        self.shown = 0
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < self.min_total:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(
-                length=total, label=self.label, file=sys.stderr, show_pos=False, show_percent=True
-            )
-            self.bar.__enter__()
-        self.bar.update(done - self.shown)
-        self.shown = done
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-
-
-class _StagedProgress:
-    """One progress bar per stage of a verification, on a terminal only."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.stage: str | None = None
-        self.bar: _Progress | None = None
-
-    def __enter__(self) -> _StagedProgress:
-        return self
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage != self.stage:
-            self.__exit__()
-            # Bars only for work long enough to watch: many weights, or several input sets.
-            self.stage, self.bar = (
-                stage,
-                _Progress(stage, self.enabled, min_total=64 if stage == "rounding weights" else 4),
-            )
-        assert self.bar is not None
-        self.bar(done, total)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__()
-            self.bar = None
-
-
-def _convert_directory(job: _ConvertJob, src: Path, out: Path) -> None:
-    """An export directory into `out`, whole or not at all (`rlx_onnx_amp.directory`): every
-    model converted (verified, repaired) under its relative name, every other file copied, the
-    caches' types checked across files; a model that fails leaves nothing written."""
-    if out.resolve() == src.resolve() or out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(
-        out.resolve()
-    ):
-        raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
-    export = scan_export_dir(src)
-    with StagedDirectory(out) as staged:
-        with OutputSet(job.paths.protected()) as outputs:
-            for rel in export.models:
-                job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel))
-            outputs.commit()
-        for rel in export.others:
-            staged.copy(src / rel, rel)
-        check_cache_types(staged.root, export.models)
-        staged.commit()
 
 
 def _export_directory(
@@ -994,21 +545,23 @@ def verify_cmd(
         _plan_reports(paths, report_json, report_md, verify_options, report_html=report_html)
         paths.check()
         with OutputSet(paths.protected()) as outputs:
-            _status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
-            with _StagedProgress(enabled=not quiet) as progress:
-                result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+            status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
+            with StagedProgress(enabled=not quiet) as progress:
+                result = Verification.from_report(
+                    verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+                )
             if not quiet:
-                click.echo(render.verify_table(result, verbose=verbose > 0))
+                click.echo(verify_table(result, verbose=verbose > 0))
             elif not result.passed:  # -q still says that something failed, in one line
-                click.echo(render.failed_verdict(result))
+                click.echo(failed_verdict(result))
             if report_json:
                 outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
             if report_md:
-                outputs.write_text(report_md, render.verify_markdown([(None, result)]))
+                outputs.write_text(report_md, verify_markdown([ModelResult(verify=result)]))
             if report_html:
-                from rlx_onnx_amp.html_report import html_report
+                from rlx_onnx_amp.reports.html import html_report  # matplotlib: only when a page is asked for
 
-                outputs.write_text(report_html, html_report([(None, result)], title="rlx-amp drift report"))
+                outputs.write_text(report_html, html_report([ModelResult(verify=result)], title="rlx-amp drift report"))
             outputs.commit()
         return EXIT_OK if result.passed else EXIT_DRIFT
 
@@ -1033,14 +586,13 @@ def merge_reports_cmd(reports: Sequence[str], report_json: str | None, report_md
         markdown = merged_markdown(merged)
         with OutputSet(paths.protected()) as outputs:
             if report_json:
-                outputs.write_text(report_json, _json_text(merged))
+                outputs.write_text(report_json, _json_text(merged.to_json()))
             if report_md:
                 outputs.write_text(report_md, markdown)
             outputs.commit()
         if not quiet and not report_md:
             click.echo(markdown, nl=False)
-        exit_code: int = merged["exit_code"]
-        return exit_code
+        return merged.exit_code
 
     _run_guarded(run)
 
@@ -1121,18 +673,13 @@ def inspect_cmd(
                 policies.append(_policy("custom", map_text, map_file))
             loaded = load_model(model)
             rows = [inspect_model(loaded, p, options, model_name=model, source=source) for p in policies]
-            click.echo(json.dumps(rows, indent=2) if as_json else render.compare_policies_table(rows))
+            click.echo(json.dumps(rows, indent=2) if as_json else compare_policies_table(rows))
             return EXIT_OK
         resolved = _policy(policy, map_text, map_file)
         loaded = load_model(model)
         summary = inspect_model(loaded, resolved, options, model_name=model, source=source)
-        click.echo(json.dumps(summary, indent=2) if as_json else render.inspect_table(summary))
+        click.echo(json.dumps(summary, indent=2) if as_json else inspect_table(summary))
         return EXIT_OK
 
     _run_guarded(run, (model,))
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from rlx_onnx_amp.__main__ import main as launch
-
-    launch()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import onnx
@@ -170,6 +170,11 @@ class Cost:
             "unknown_cast_nodes": self.unknown_cast_nodes,
             "islands": self.islands,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Cost:
+        """The figures `to_json` wrote (a report's `cost`); the shares follow from them."""
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
 #: The hint's thresholds: a policy that leaves less than this share of the MACs low ...

@@ -30,7 +30,8 @@ import onnx
 
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.files import STAGE_PREFIX, signals_deferred
+from rlx_onnx_amp.exits import signals_deferred
+from rlx_onnx_amp.files import STAGE_PREFIX
 from rlx_onnx_amp.tensors import WeightSource, is_external
 from rlx_onnx_amp.types import all_tensors
 

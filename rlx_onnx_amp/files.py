@@ -27,15 +27,14 @@ import logging
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from rlx_onnx_amp.errors import InputError, raise_stop, stop_requested
+from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.exits import raise_stop, signals_deferred, stop_requested
 
 try:  # POSIX only: elsewhere commits into one directory are not serialized across processes
     import fcntl
@@ -269,7 +268,7 @@ class OutputSet:
 
     def commit(self) -> None:
         """Move every staged file into place. Signals wait until the moves are done. After a
-        SIGINT or SIGTERM whose exception was lost (`errors.stop_requested`) nothing is moved."""
+        SIGINT or SIGTERM whose exception was lost (`exits.stop_requested`) nothing is moved."""
         with signals_deferred(committing=True), _locked(self._stages):
             if stop_requested():
                 raise_stop()
@@ -346,40 +345,3 @@ def _locked(directories: Iterable[Path]) -> Iterator[None]:
     finally:
         for fd in fds:
             os.close(fd)  # closing releases the lock
-
-
-_DEFERRED = (signal.SIGINT, signal.SIGTERM)
-_held_during_commit = False
-
-
-def signal_held_during_commit() -> bool:
-    """Whether a SIGINT or SIGTERM arrived while outputs were being committed: the commit
-    finished first, so the outputs are whole and in place."""
-    return _held_during_commit
-
-
-@contextlib.contextmanager
-def signals_deferred(committing: bool = False) -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block ends, then act on them as before: creating and
-    removing staging and scratch directories, and committing, are never cut in half."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {s: signal.getsignal(s) for s in _DEFERRED}
-    for s in _DEFERRED:
-        signal.signal(s, lambda number, frame: caught.append(number))
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if caught and committing:
-            global _held_during_commit
-            _held_during_commit = True
-        for number in caught[:1]:
-            handler = previous[signal.Signals(number)]
-            if callable(handler):
-                handler(number, None)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(number)

@@ -7,7 +7,7 @@ from typing import Any
 from onnx import ModelProto
 
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.tensors import WeightSource
 

@@ -52,6 +52,12 @@ class Policy:
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "kinds": {k.value: self.precision_for(k).value for k in OpKind}}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Policy:
+        """The policy `to_json` wrote (a report's `policy`); kinds at f32, the default, are left out."""
+        kinds = {OpKind(kind): Precision(precision) for kind, precision in data["kinds"].items()}
+        return cls(str(data["name"]), {k: p for k, p in kinds.items() if p is not Precision.F32})
+
 
 _KIND_ALIASES = {k.value: k for k in OpKind} | {
     "data_movement": OpKind.DATA_MOVEMENT,

@@ -52,7 +52,7 @@ from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.ranges import NumericFacts
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
 from rlx_onnx_amp.tensors import WeightSource, tensor_nbytes

@@ -159,7 +159,7 @@ def test_rtol_means_what_peers_mean(tmp_path: Path) -> None:
 # ---- reports: one row model ----------------------------------------------------------------
 
 def test_text_markdown_and_json_share_the_drift_columns(tmp_path: Path) -> None:
-    from rlx_onnx_amp.render import DRIFT_COLUMNS
+    from rlx_onnx_amp.reports.text import DRIFT_COLUMNS
 
     out = tmp_path / "o.onnx"
     result = rlx(DEMO, "--policy", "always-f16", "-o", out, "--verify", "-v", "--report-json", tmp_path / "r.json",
@@ -188,7 +188,7 @@ def test_markdown_carries_why_and_the_repair(tmp_path: Path) -> None:
 
 
 def test_cosine_prints_enough_digits() -> None:
-    from rlx_onnx_amp.render import DRIFT_COLUMNS
+    from rlx_onnx_amp.reports.text import DRIFT_COLUMNS
     from rlx_onnx_amp.verification.metrics import OutputDrift
 
     cosine = next(c for c in DRIFT_COLUMNS if c.header == "cosine")

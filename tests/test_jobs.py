@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar
 
 import onnx
 import pytest
@@ -192,18 +191,14 @@ class _LostStopJob:
     """A batch job whose conversion lost its SIGTERM: the handler ran (the stop is recorded)
     but its exception vanished, as one raised inside a `__del__` does, and convert_own returned."""
 
-    reports: ClassVar[list] = []
-    verified: ClassVar[list] = []
-    failed: ClassVar[list] = []
-
     def convert_own(self, src: str, dst: str) -> None:
-        from rlx_onnx_amp.errors import request_stop
+        from rlx_onnx_amp.exits import request_stop
 
         request_stop()
 
 
 def _run_lost_stop_task(queue: object) -> None:
-    from rlx_onnx_amp.cli import _worker_convert
+    from rlx_onnx_amp.batch import _worker_convert
 
     _worker_convert((0, _LostStopJob(), "in.onnx", "out.onnx"))  # type: ignore[arg-type]
     queue.put("returned to the pool")  # type: ignore[attr-defined]
@@ -226,7 +221,7 @@ def test_a_worker_whose_stop_was_lost_never_takes_another_model() -> None:
 @pytest.mark.parametrize(("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, None)])
 def test_no_commit_after_a_lost_stop(tmp_path: Path, signum: int, raised: type[BaseException] | None) -> None:
     """A signal whose exception was lost still stops the commit, with that signal's exception."""
-    from rlx_onnx_amp.errors import Terminated, request_stop
+    from rlx_onnx_amp.exits import Terminated, request_stop
     from rlx_onnx_amp.files import OutputSet
 
     final = tmp_path / "out.onnx"
@@ -247,13 +242,13 @@ def test_the_stop_watch_ends_a_worker_that_ignores_sigterm() -> None:
     again and then SIGKILL, so an interrupted batch always ends."""
     import multiprocessing
 
-    from rlx_onnx_amp.cli import _StopWatch
+    from rlx_onnx_amp.batch import StopWatch
 
     context = multiprocessing.get_context("fork")
     child = context.Process(target=_ignore_sigterm_and_sleep)
     child.start()
     assert child.pid is not None
-    with _StopWatch([child.pid], resend_s=0.2, kill_s=1.0):
+    with StopWatch([child.pid], resend_s=0.2, kill_s=1.0):
         child.join(timeout=60)
     assert child.exitcode == -signal.SIGKILL
 
@@ -261,3 +256,16 @@ def test_the_stop_watch_ends_a_worker_that_ignores_sigterm() -> None:
 def _ignore_sigterm_and_sleep() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(120)
+
+
+def test_sessions_opened_inside_session_threads_get_that_many_threads(tmp_path: Path) -> None:
+    """A batch worker's share of the CPUs reaches every onnxruntime session it opens, and only
+    inside the block: the count is the job's (`JobSettings.session_threads`), no module global."""
+    from rlx_onnx_amp.verification.compare import Session, session_threads
+
+    path = tmp_path / "m.onnx"
+    onnx.save(HEALTHY["conv_net"]().model, str(path))
+    threads = lambda: Session(str(path), "cpu", "m").session.get_session_options().intra_op_num_threads  # noqa: E731
+    with session_threads(1):
+        assert threads() == 1
+    assert threads() == 0  # onnxruntime's own choice, as a run in one process has it

@@ -13,7 +13,7 @@ from rlx_onnx_amp.cost import estimate_cost
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.passes import run_passes
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite.decide import DecidePass
 from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.rewrite.plan import Conversion, ConvertOptions, Plan

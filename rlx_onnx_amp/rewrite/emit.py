@@ -14,7 +14,7 @@ from rlx_onnx_amp.errors import first_line
 from rlx_onnx_amp.passes import Pass, PassResult
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, precision_of_elem_type
 from rlx_onnx_amp.ranges import scoped_name
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite.context import default_opset_for
 from rlx_onnx_amp.rewrite.plan import F32, Conversion, NodeDecision, Plan, Scope, Stage, is_float
 from rlx_onnx_amp.rewrite.summary import fill_report

@@ -14,7 +14,7 @@ from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
 from rlx_onnx_amp.ranges import NumericFacts, ValueRange
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.taxonomy import QDQ_CONSUMERS, QDQ_PRODUCERS, OpKind, canonical_domain
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource
 from rlx_onnx_amp.types import FreshNames, NodeFields, opset_versions

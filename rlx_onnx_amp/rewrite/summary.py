@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
-from rlx_onnx_amp.report import KeptNode
+from rlx_onnx_amp.reports.conversion import KeptNode
 from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Scope
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind
 

@@ -8,9 +8,11 @@ directory (`Scratch`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -39,6 +41,7 @@ __all__ = [
     "open_compared",
     "resolve_provider",
     "run_each",
+    "session_threads",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,8 +53,8 @@ PROVIDERS: Mapping[str, str] = {
 }
 _AUTO_ORDER = ("cuda", "coreml", "cpu")
 #: onnxruntime's intra-op threads per session; 0 lets it choose (all cores). Batch workers
-#: (`--jobs`) share the CPUs out.
-SESSION_THREADS = 0
+#: (`--jobs`) share the CPUs out (`session_threads`).
+_SESSION_THREADS: ContextVar[int] = ContextVar("session_threads", default=0)
 _F32 = onnx.TensorProto.FLOAT
 
 
@@ -81,6 +84,17 @@ def resolve_provider(name: str) -> str:
     return name
 
 
+@contextlib.contextmanager
+def session_threads(count: int) -> Iterator[None]:
+    """Every session opened inside the block runs with `count` intra-op threads (0: onnxruntime
+    chooses, all cores): a batch worker's share of the CPUs."""
+    token = _SESSION_THREADS.set(count)
+    try:
+        yield
+    finally:
+        _SESSION_THREADS.reset(token)
+
+
 class Session:
     """An onnxruntime session on a model file. `external` maps external data locations the model
     reads to files elsewhere: onnxruntime gets their contents from memory (mapped, not copied),
@@ -89,7 +103,7 @@ class Session:
     def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
         opts = ort.SessionOptions()
         opts.log_severity_level = 4  # fatal only: an error reaches the user as one line, from the exception
-        opts.intra_op_num_threads = SESSION_THREADS
+        opts.intra_op_num_threads = _SESSION_THREADS.get()
         # Prepacking copies every MatMul weight into the CPU kernels' layout when the session is
         # created (5.7 s of a 3.4 GB model's 5.7 s start-up); a verification runs each model on a
         # few input sets only, where unpacked weights, read from the mapped file, cost far less.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,10 @@ class KeptNode:
 
     def to_json(self) -> dict[str, str | None]:
         return {"node": self.node, "op": self.op, "reason": self.reason, "path": self.path, "code": self.code}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KeptNode:
+        return cls(str(data["node"]), str(data["op"]), str(data["reason"]), str(data["path"]), data.get("code"))
 
 
 @dataclass

@@ -5,7 +5,7 @@ global pyplot state, and the SVG backend, so no display). The page loads nothing
 Content-Security-Policy forbids any request), so it opens from a CI artifact or a mail
 attachment. Plots take their text and axis colour from the page (`currentColor`), so they read
 in light and dark mode; the numbers stay in tables beside them. The tables come from the same
-rows as the text and Markdown reports (`render.DRIFT_COLUMNS`).
+rows as the text and Markdown reports (`text.DRIFT_COLUMNS`).
 
 Per model: the verdict, the drift table and, per output, the |c - r| histogram (log scale) and
 reference against candidate for a sample of elements with the worst marked; with `--localize`,
@@ -25,9 +25,31 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rlx_onnx_amp import render
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.record import (
+    Conversion,
+    Localized,
+    ModelResult,
+    OutputResult,
+    Repair,
+    RepairStep,
+    TracePoint,
+    Verification,
+)
+from rlx_onnx_amp.reports.text import (
+    DRIFT_COLUMNS,
+    PRECISION_COLUMNS,
+    constant_note,
+    cost_line,
+    criterion_line,
+    drift_rows,
+    fmt,
+    localized_table,
+    percent,
+    repair_kept_rows,
+    required_tolerances,
+    worst_score,
+)
 
 __all__ = ["html_report"]
 
@@ -70,20 +92,17 @@ details { margin: 0.5rem 0; }
 """
 
 
-def html_report(
-    entries: Sequence[tuple[ConversionReport | None, Any]],
-    failed: Sequence[tuple[str, str]] = (),
-    title: str = "rlx-amp report",
-) -> str:
-    """The page for (conversion report or None, verify report or None) per model, and the
-    (model, error) pairs of models that could not be converted."""
+def html_report(results: Sequence[ModelResult], title: str = "rlx-amp report") -> str:
+    """The page for the results of a run: each model's verification, conversion and repair
+    where it has them, and the models that could not be converted."""
     figures = _Figures()
-    body = [f"<h1>{_e(title)}</h1>", _summary(entries, failed)]
-    for conv, verified in entries:
-        body += _model_section(conv, verified, figures)
+    body = [f"<h1>{_e(title)}</h1>", _summary(results)]
+    for r in results:
+        if r.failure is None:
+            body += _model_section(r, figures)
     body.append(
         "<h2>Columns</h2><table><tr><th>column</th><th>meaning</th></tr>"
-        + "".join(f"<tr><td>{_e(c.header)}</td><td>{_e(c.legend)}</td></tr>" for c in render.DRIFT_COLUMNS)
+        + "".join(f"<tr><td>{_e(c.header)}</td><td>{_e(c.legend)}</td></tr>" for c in DRIFT_COLUMNS)
         + "</table>"
     )
     return (
@@ -110,7 +129,7 @@ def _verdict(passed: bool | None) -> str:
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     def cell(value: object) -> str:
-        text = render.fmt(value)
+        text = fmt(value)
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         return f"<td class='num'>{_e(text)}</td>" if numeric else f"<td>{_e(text)}</td>"
 
@@ -118,28 +137,29 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return f"<table><tr>{head}</tr>" + "".join("<tr>" + "".join(map(cell, r)) + "</tr>" for r in rows) + "</table>"
 
 
-def _summary(entries: Sequence[tuple[ConversionReport | None, Any]], failed: Sequence[tuple[str, str]]) -> str:
+def _summary(results: Sequence[ModelResult]) -> str:
     rows = []
-    for conv, v in entries:
-        name = v.candidate if v is not None else (conv.output if conv is not None else "?")
+    entries = [r for r in results if r.failure is None]
+    for r in entries:
+        conv, v = r.conversion, r.verify
         cost = conv.cost if conv is not None else None
-        worst = render.fmt(max((o.score for o in v.outputs), default=0.0)) if v is not None else "-"
         rows.append(
             "<tr>"
-            f"<td><a href='#{_anchor(name)}'><code>{_e(name)}</code></a></td>"
+            f"<td><a href='#{_anchor(_name(r))}'><code>{_e(_name(r))}</code></a></td>"
             f"<td>{_verdict(v.passed if v is not None else None)}</td>"
             f"<td>{_e(conv.policy.name if conv is not None and conv.policy is not None else '-')}</td>"
             f"<td class='num'>{_e(sum(not o.passed for o in v.outputs) if v is not None else '-')}</td>"
-            f"<td class='num'>{_e(worst)}</td>"
-            f"<td class='num'>{_e(render.percent(cost.mac_low_share) if cost is not None else '-')}</td>"
+            f"<td class='num'>{_e(fmt(worst_score(v)) if v is not None else '-')}</td>"
+            f"<td class='num'>{_e(percent(cost.mac_low_share) if cost is not None else '-')}</td>"
             "</tr>"
         )
+    failed = [r.failure for r in results if r.failure is not None]
     rows += [
-        f"<tr><td><code>{_e(model)}</code></td><td><span class='fail'>ERROR</span></td>"
-        f"<td colspan='4'>{_e(error)}</td></tr>"
-        for model, error in failed
+        f"<tr><td><code>{_e(f.model)}</code></td><td><span class='fail'>ERROR</span></td>"
+        f"<td colspan='4'>{_e(f.error)}</td></tr>"
+        for f in failed
     ]
-    passed = all(v is None or v.passed for _, v in entries) and not failed
+    passed = all(r.verify is None or r.verify.passed for r in entries) and not failed
     verdict = "passed" if passed else "failed"
     return (
         f"<p>Verdict: <span class='{'pass' if passed else 'fail'}'>{verdict}</span> "
@@ -149,34 +169,41 @@ def _summary(entries: Sequence[tuple[ConversionReport | None, Any]], failed: Seq
     )
 
 
+def _name(r: ModelResult) -> str:
+    """What the page calls a model: the candidate verified, else the output written."""
+    if r.verify is not None:
+        return r.verify.candidate
+    return r.conversion.output if r.conversion is not None else "?"
+
+
 def _anchor(name: str) -> str:
     return "m-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")
 
 
-def _model_section(conv: ConversionReport | None, v: Any, figures: _Figures) -> list[str]:
-    name = v.candidate if v is not None else (conv.output if conv is not None else "?")
+def _model_section(r: ModelResult, figures: _Figures) -> list[str]:
+    v, name = r.verify, _name(r)
     out = [f"<h2 id='{_anchor(name)}'><code>{_e(name)}</code> {_verdict(v.passed if v is not None else None)}</h2>"]
     if v is not None:
         out += _verify_section(v, figures)
-    if conv is not None:
-        out += _conversion_section(conv, figures)
-        if conv.repair is not None:
-            out += _repair_section(conv.repair, figures)
+    if r.conversion is not None:
+        out += _conversion_section(r.conversion, figures)
+        if r.repair is not None:
+            out += _repair_section(r.repair, figures)
     return out
 
 
-def _verify_section(v: Any, figures: _Figures) -> list[str]:
+def _verify_section(v: Verification, figures: _Figures) -> list[str]:
     emulated = f", emulated {v.precision}: {v.emulation_reason}" if v.emulated else ""
     out = [
         f"<p>Compared against <code>{_e(v.reference)}</code> on {_e(v.provider)} "
         f"({_e(', '.join(v.providers_used))}){_e(emulated)}. Seed {v.seed}, {v.samples} input set(s).</p>",
-        f"<p>{_e(render.criterion_line(v))}.<br><span class='muted'>Criterion: {_e(v.criterion)}.</span></p>",
+        f"<p>{_e(criterion_line(v))}.<br><span class='muted'>Criterion: {_e(v.criterion)}.</span></p>",
     ]
-    note = render.constant_note(v)
+    note = constant_note(v)
     if note:
         out.append(f"<p><strong>Note</strong>: {_e(note)}.</p>")
-    out.append(_table([c.header for c in render.DRIFT_COLUMNS], render.drift_rows(v)))
-    needed = [t for o in v.outputs if not o.passed and (t := render.required_tolerances(o))]
+    out.append(_table([c.header for c in DRIFT_COLUMNS], drift_rows(v)))
+    needed = [t for o in v.outputs if not o.passed and (t := required_tolerances(o))]
     if needed:
         out.append("<p>Minimum tolerances that would have passed:</p><ul>")
         out += [f"<li><code>{_e(t)}</code></li>" for t in needed]
@@ -184,8 +211,8 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
     for o in v.outputs:
         out.append(f"<h3>Output <code>{_e(o.name)}</code> {_verdict(o.passed)}</h3>")
         why = "; ".join(o.failures or []) or "Every check passed"
-        bound = f"max_abs {render.fmt(o.max_abs)} against bound {render.fmt(o.bound)}"
-        top1 = f"; top-1 agreement {render.percent(o.top1_agreement)}" if o.top1_agreement is not None else ""
+        bound = f"max_abs {fmt(o.max_abs)} against bound {fmt(o.bound)}"
+        top1 = f"; top-1 agreement {percent(o.top1_agreement)}" if o.top1_agreement is not None else ""
         out.append(f"<p>{_e(bound)}{_e(top1)}. {_e(why)}.</p>")
         if o.distribution:
             out.append("<div class='plots'>")
@@ -194,23 +221,23 @@ def _verify_section(v: Any, figures: _Figures) -> list[str]:
             out.append("</div>")
     if v.localize_trace:
         out.append("<h3>Where drift starts (<code>--localize</code>)</h3>")
-        out.append(figures.localize(v.localize_trace, v.localized or []))
+        out.append(figures.localize(v.localize_trace, v.localized or ()))
         if v.localized:
-            out.append(_table(*render.localized_table(v.localized)))
+            out.append(_table(*localized_table(v.localized)))
         else:
             out.append("<p class='muted'>No node where drift jumps or NaN/Inf appears.</p>")
     return out
 
 
-def _conversion_section(r: ConversionReport, figures: _Figures) -> list[str]:
+def _conversion_section(r: Conversion, figures: _Figures) -> list[str]:
     policy = r.policy.name if r.policy is not None else "?"
     out = [
         "<h3>Conversion</h3>",
         f"<p><code>{_e(r.model)}</code> → <code>{_e(r.output)}</code>: policy {_e(policy)}, target {_e(r.target)}, "
-        f"{r.nodes_total} nodes, {r.casts_inserted} Casts inserted, {r.casts_removed} removed, "
+        f"{r.nodes.total} nodes, {r.casts_inserted} Casts inserted, {r.casts_removed} removed, "
         f"{len(r.kept_f32)} nodes kept f32.</p>",
     ]
-    cost = render.cost_line(r.cost.to_json() if r.cost is not None else None)
+    cost = cost_line(r.cost.to_json() if r.cost is not None else None)
     if cost:
         out.append(f"<p>{_e(cost[0].upper() + cost[1:])}.</p>")
     out.append("<div class='plots'>")
@@ -218,7 +245,7 @@ def _conversion_section(r: ConversionReport, figures: _Figures) -> list[str]:
     busiest = dict(sorted(r.by_op.items(), key=lambda kv: -sum(kv[1].values()))[:20])
     out.append(figures.precision_bars("Op type (20 most frequent)", busiest))
     out.append("</div>")
-    columns = render.PRECISION_COLUMNS
+    columns = PRECISION_COLUMNS
     out.append(
         "<details><summary>Nodes per op type and precision</summary>"
         + _table(["op", *columns], [[op, *(c.get(p, 0) for p in columns)] for op, c in sorted(r.by_op.items())])
@@ -239,31 +266,25 @@ def _conversion_section(r: ConversionReport, figures: _Figures) -> list[str]:
     return out
 
 
-def _repair_section(repair: dict[str, Any], figures: _Figures) -> list[str]:
-    best = repair.get("best") or {}
+def _repair_section(repair: Repair, figures: _Figures) -> list[str]:
+    b = repair.best
+    evaluation, stage, score = (b.evaluation, b.stage, b.score) if b is not None else (None, None, None)
     out = [
         "<h3>Repair</h3>",
-        f"<p>{'Met' if repair['passed'] else 'Did not meet'} the tolerance after {repair['evaluations']} evaluations; "
-        f"wrote evaluation {_e(best.get('evaluation'))} ({_e(best.get('stage'))}, score "
-        f"{_e(render.fmt(best.get('score')))}); minimality {_e(repair.get('minimality'))}; "
-        f"Compute nodes still low {_e(render.percent(repair.get('compute_low_share')))}.</p>",
-        figures.repair(repair["history"]),
+        f"<p>{'Met' if repair.passed else 'Did not meet'} the tolerance after {repair.evaluations} evaluations; "
+        f"wrote evaluation {_e(evaluation)} ({_e(stage)}, score {_e(fmt(score))}); minimality "
+        f"{_e(repair.minimality)}; Compute nodes still low {_e(percent(repair.compute_low_share))}.</p>",
+        figures.repair(repair.history),
         _table(
             ["evaluation", "stage", "kept", "passed", "score", "written"],
             [
-                [h["evaluation"], h["stage"], h["kept"], "yes" if h["passed"] else "no", h["score"],
-                 "✓" if h.get("written") else ""]
-                for h in repair["history"]
+                [h.evaluation, h.stage, h.kept, "yes" if h.passed else "no", h.score, "✓" if h.written else ""]
+                for h in repair.history
             ],
         ),
     ]
-    if repair["kept_f32"]:
-        out.append(
-            _table(
-                ["kept f32", "op", "reason", "path"],
-                [[k["node"], k["op"], k["reason"], k["path"]] for k in repair["kept_f32"]],
-            )
-        )
+    if repair.kept_f32:
+        out.append(_table(["kept f32", "op", "reason", "path"], repair_kept_rows(repair)))
     return out
 
 
@@ -311,13 +332,14 @@ class _Figures:
         svg = svg.replace("<svg ", f"<svg role='img' aria-label='{_e(caption)}' ", 1)
         return f"<figure{' class=wide' if wide else ''}>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
 
-    def error_histogram(self, o: Any) -> str:
-        h = o.distribution["abs_error_histogram"]
+    def error_histogram(self, o: OutputResult) -> str:
+        assert o.distribution is not None
+        h = o.distribution.abs_error_histogram
         with self._figure(5.2, 2.8) as fig:
             ax = fig.subplots()
-            if h["counts"]:
-                edges = h["edges"]
-                ax.stairs(h["counts"], edges, fill=True, color=ACCENT, alpha=0.85)
+            if h.counts:
+                edges = h.edges
+                ax.stairs(h.counts, edges, fill=True, color=ACCENT, alpha=0.85)
                 ax.set_xscale("log")
                 if o.bound:
                     ax.axvline(o.bound, color=FAIL_COLOUR, linestyle="--", linewidth=1.2, label=f"bound {o.bound:.3g}")
@@ -327,17 +349,18 @@ class _Figures:
             ax.set_xlabel("|candidate - reference|")
             ax.set_ylabel("elements")
             ax.grid(True, alpha=0.25, linewidth=0.5)
-            zeros = f"; {h['zeros']} exactly equal" if h["zeros"] else ""
+            zeros = f"; {h.zeros} exactly equal" if h.zeros else ""
             caption = f"{o.name}: histogram of the absolute error over {o.elements} elements (log scale){zeros}"
             return self._svg(fig, caption)
 
-    def scatter(self, o: Any) -> str:
-        sample, worst = o.distribution["sample"], o.distribution["worst"]
+    def scatter(self, o: OutputResult) -> str:
+        assert o.distribution is not None
+        sample, worst = o.distribution.sample, o.distribution.worst
         with self._figure(4.2, 3.4) as fig:
             ax = fig.subplots()
-            ax.scatter(sample["reference"], sample["candidate"], s=6, color=ACCENT, alpha=0.6, label="sample")
-            ax.scatter(worst["reference"], worst["candidate"], s=22, color=FAIL_COLOUR, marker="x", label="worst")
-            values = [*sample["reference"], *sample["candidate"], *worst["reference"], *worst["candidate"]]
+            ax.scatter(sample.reference, sample.candidate, s=6, color=ACCENT, alpha=0.6, label="sample")
+            ax.scatter(worst.reference, worst.candidate, s=22, color=FAIL_COLOUR, marker="x", label="worst")
+            values = [*sample.reference, *sample.candidate, *worst.reference, *worst.candidate]
             finite = [x for x in values if math.isfinite(x)]
             if finite:
                 lo, hi = min(finite), max(finite)
@@ -346,32 +369,32 @@ class _Figures:
             ax.set_ylabel("candidate")
             ax.grid(True, alpha=0.25, linewidth=0.5)
             ax.legend(loc="upper left")
-            n = len(sample["reference"])
+            n = len(sample.reference)
             return self._svg(fig, f"{o.name}: candidate against reference, {n} elements evenly spaced and the "
-                                  f"{len(worst['reference'])} worst (x)")
+                                  f"{len(worst.reference)} worst (x)")
 
-    def localize(self, trace: Sequence[dict[str, Any]], flagged: Sequence[dict[str, Any]]) -> str:
+    def localize(self, trace: Sequence[TracePoint], flagged: Sequence[Localized]) -> str:
         from matplotlib.ticker import MaxNLocator
 
         xs = list(range(len(trace)))
         floor = 1e-12
-        ys = [max(t["rel_error"], floor) if t["rel_error"] is not None else None for t in trace]
-        index = {t["tensor"]: i for i, t in enumerate(trace)}
+        ys = [max(t.rel_error, floor) if t.rel_error is not None else None for t in trace]
+        index = {t.tensor: i for i, t in enumerate(trace)}
         with self._figure(11, 3.2) as fig:
             ax = fig.subplots()
             ax.plot(
                 [x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
                 color=ACCENT, linewidth=0.9, marker=".", markersize=3,
             )
-            bad = [i for i, t in enumerate(trace) if t.get("new_nonfinite")]
+            bad = [i for i, t in enumerate(trace) if t.new_nonfinite]
             if bad:
                 ax.scatter(bad, [ys[i] or floor for i in bad], color=FAIL_COLOUR, s=14, label="new NaN/Inf", zorder=3)
             for f in flagged:
-                i = index.get(f["tensor"])
+                i = index.get(f.tensor)
                 if i is None:
                     continue
                 ax.axvline(i, color=SECOND, linewidth=1, linestyle="--")
-                ax.annotate(f"{f['node']} ({f['reason']})", (i, ys[i] or floor), textcoords="offset points",
+                ax.annotate(f"{f.node} ({f.reason})", (i, ys[i] or floor), textcoords="offset points",
                             xytext=(4, 6), fontsize=8, color=SECOND)
             ax.set_yscale("log")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -402,19 +425,19 @@ class _Figures:
             ax.grid(True, axis="x", alpha=0.25, linewidth=0.5)
             return self._svg(fig, f"{title}: nodes by the precision they run at")
 
-    def repair(self, history: Sequence[dict[str, Any]]) -> str:
+    def repair(self, history: Sequence[RepairStep]) -> str:
         from matplotlib.ticker import MaxNLocator
 
         with self._figure(11, 3.0) as fig:
             ax = fig.subplots()
-            xs = [h["evaluation"] for h in history]
-            scores = [max(float(h["score"]), 1e-6) if h["score"] is not None else 1e9 for h in history]
+            xs = [h.evaluation for h in history]
+            scores = [max(float(h.score), 1e-6) if h.score is not None else 1e9 for h in history]
             ax.plot(xs, scores, color=_INK, linewidth=0.6, alpha=0.5)
             for passed, colour, label in ((True, PASS_COLOUR, "passes"), (False, FAIL_COLOUR, "fails")):
-                pts = [(x, y) for x, y, h in zip(xs, scores, history) if bool(h["passed"]) == passed]
+                pts = [(x, y) for x, y, h in zip(xs, scores, history) if h.passed == passed]
                 if pts:
                     ax.scatter(*zip(*pts), color=colour, s=22, label=label, zorder=3)
-            written = [(x, y) for x, y, h in zip(xs, scores, history) if h.get("written")]
+            written = [(x, y) for x, y, h in zip(xs, scores, history) if h.written]
             if written:
                 ax.scatter(*zip(*written), s=160, facecolors="none", edgecolors=ACCENT, linewidths=1.5,
                            label="written", zorder=4)
@@ -423,7 +446,7 @@ class _Figures:
             ax.set_xlabel("evaluation")
             ax.set_ylabel("score (≤ 1 passes)")
             twin = ax.twinx()
-            twin.step(xs, [h["kept"] for h in history], where="mid", color=SECOND, linewidth=1, alpha=0.8)
+            twin.step(xs, [h.kept for h in history], where="mid", color=SECOND, linewidth=1, alpha=0.8)
             twin.set_ylabel("nodes kept f32", color=SECOND)
             twin.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -1,4 +1,5 @@
-"""Text and Markdown renderings of the reports. Only the CLI prints them."""
+"""Text and Markdown renderings of the reports, from the typed results (`record`). Only the CLI
+prints them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.report import ConversionReport
+from rlx_onnx_amp.reports.record import Conversion, Failure, Localized, ModelResult, OutputResult, Repair, Verification
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
-from rlx_onnx_amp.verification.metrics import OutputDrift
 
 __all__ = [
     "DRIFT_COLUMNS",
@@ -19,10 +19,13 @@ __all__ = [
     "drift_rows",
     "failed_verdict",
     "inspect_table",
+    "localized_table",
+    "repair_kept_rows",
     "repair_summary",
     "table",
     "verify_markdown",
     "verify_table",
+    "worst_score",
 ]
 
 PRECISION_COLUMNS = (*(p.value for p in Precision), "none")
@@ -107,52 +110,63 @@ def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def conversion_table(report: ConversionReport) -> str:
+def conversion_table(c: Conversion) -> str:
     lines = [
-        f"{report.model} -> {report.output}  "
-        f"(policy {report.policy.name if report.policy else '?'}, target {report.target or '?'})",
-        table(("kind", *PRECISION_COLUMNS), _kind_rows(report.by_kind)),
-        f"nodes {report.nodes_total}, casts inserted {report.casts_inserted}, kept f32 {len(report.kept_f32)}, "
-        f"weights {_mib(report.initializer_bytes_before)} -> {_mib(report.initializer_bytes_after)}",
+        f"{c.model} -> {c.output}  (policy {_policy(c)}, target {c.target or '?'})",
+        table(("kind", *PRECISION_COLUMNS), _kind_rows(c.by_kind)),
+        f"nodes {c.nodes.total}, casts inserted {c.casts_inserted}, kept f32 {len(c.kept_f32)}, "
+        f"weights {_mib(c.initializer_bytes.before)} -> {_mib(c.initializer_bytes.after)}",
     ]
-    if report.clamped:
-        worst = max(report.clamped.items(), key=lambda kv: abs(float(kv[1]["worst"])))
-        total = sum(int(v["clamped"]) for v in report.clamped.values())
+    if c.clamped:
+        name, worst = max(c.clamped.items(), key=lambda kv: abs(float(kv[1]["worst"])))
+        total = _clamped_values(c)
         if total:
-            lines.append(
-                f"clamped {total} values in {len(report.clamped)} tensors (worst {worst[1]['worst']:g} in {worst[0]})"
-            )
-    if report.unknown_ops:
-        lines.append(f"unknown ops kept in original types: {', '.join(sorted(set(report.unknown_ops)))}")
-    if not report.changed:
+            lines.append(f"clamped {total} values in {len(c.clamped)} tensors (worst {worst['worst']:g} in {name})")
+    if c.unknown_ops:
+        lines.append(f"unknown ops kept in original types: {', '.join(sorted(set(c.unknown_ops)))}")
+    if not c.changed:
         lines.append("nothing changed: every node keeps its original types, no Cast was inserted or removed")
-    cost = cost_line(report.cost.to_json() if report.cost else None)
+    cost = cost_line(c.cost.to_json() if c.cost else None)
     if cost:
         lines.append(cost)
     return "\n".join(lines)
 
 
-def conversion_markdown(reports: Sequence[ConversionReport], failed: Sequence[tuple[str, str]] = ()) -> str:
+def _policy(c: Conversion) -> str:
+    return c.policy.name if c.policy else "?"
+
+
+def _clamped_values(c: Conversion) -> int:
+    return sum(int(v["clamped"]) for v in c.clamped.values())
+
+
+def _cost_sentence(c: Conversion) -> list[str]:
+    """The cost line as a Markdown sentence and a blank line (none without a cost model)."""
+    cost = cost_line(c.cost.to_json() if c.cost else None)
+    return [cost[0].upper() + cost[1:] + ".", ""] if cost else []
+
+
+def _failures(results: Sequence[ModelResult]) -> list[Failure]:
+    return [r.failure for r in results if r.failure is not None]
+
+
+def conversion_markdown(results: Sequence[ModelResult]) -> str:
+    """The Markdown summary of a run that verified nothing: the failures, then each conversion."""
     out = ["# rlx-amp conversion", ""]
+    failed = _failures(results)
     if failed:
-        out += [*_md_table(["model", "error"], [[f"`{m}`", e] for m, e in failed]), ""]
-    for r in reports:
-        out += [
-            f"## `{r.model}` → `{r.output}` "
-            f"(policy `{r.policy.name if r.policy else '?'}`, target `{r.target or '?'}`)",
-            "",
-        ]
+        out += [*_md_table(["model", "error"], [[f"`{f.model}`", f.error] for f in failed]), ""]
+    for c in (r.conversion for r in results if r.conversion is not None):
+        out += [f"## `{c.model}` → `{c.output}` (policy `{_policy(c)}`, target `{c.target or '?'}`)", ""]
         out += ["| kind | " + " | ".join(PRECISION_COLUMNS) + " |", "|---" * (len(PRECISION_COLUMNS) + 1) + "|"]
-        out += ["| " + " | ".join(str(c) for c in row) + " |" for row in _kind_rows(r.by_kind)]
+        out += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in _kind_rows(c.by_kind)]
         out += [
             "",
-            f"Casts inserted: {r.casts_inserted}. Kept f32: {len(r.kept_f32)}. "
-            f"Weights: {_mib(r.initializer_bytes_before)} → {_mib(r.initializer_bytes_after)}.",
+            f"Casts inserted: {c.casts_inserted}. Kept f32: {len(c.kept_f32)}. "
+            f"Weights: {_mib(c.initializer_bytes.before)} → {_mib(c.initializer_bytes.after)}.",
             "",
         ]
-        cost = cost_line(r.cost.to_json() if r.cost else None)
-        if cost:
-            out += [cost[0].upper() + cost[1:] + ".", ""]
+        out += _cost_sentence(c)
     return "\n".join(out)
 
 
@@ -191,7 +205,7 @@ class DriftColumn:
     header: str
     json_key: str  # the key of `outputs[]` in the JSON report that holds its value
     legend: str
-    cell: Callable[[OutputDrift], object]
+    cell: Callable[[OutputResult], object]
 
 
 def _cosine(value: float | None) -> str:
@@ -239,49 +253,49 @@ DRIFT_COLUMNS: tuple[DriftColumn, ...] = (
 )
 
 
-def drift_rows(report: Any) -> list[list[str]]:
+def drift_rows(v: Verification) -> list[list[str]]:
     """The drift table's cells, one row per output (failures first)."""
-    return [[fmt(c.cell(o)) for c in DRIFT_COLUMNS] for o in report.outputs]
+    return [[fmt(c.cell(o)) for c in DRIFT_COLUMNS] for o in v.outputs]
 
 
-def failed_verdict(report: Any) -> str:
+def failed_verdict(v: Verification) -> str:
     """The one line `-q` prints for a failing verification: each failing output and its checks."""
-    failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in report.outputs if not o.passed]
-    return f"FAILED {report.candidate}: {'; '.join(failed) or 'no output compared'}"
+    failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in v.outputs if not o.passed]
+    return f"FAILED {v.candidate}: {'; '.join(failed) or 'no output compared'}"
 
 
-def required_tolerances(o: OutputDrift) -> str | None:
+def required_tolerances(o: OutputResult) -> str | None:
     """The smallest tolerance that would have passed this output (Polygraphy's 'minimum
     required tolerance'), each option alone."""
-    r = o.required or {}
-    if not r:
+    r = o.required
+    if r is None:
         return None
-    parts = [f"--atol {o.name}:{r['atol']:.4g}"]
-    if r.get("rtol_of_max") is not None:
-        parts.append(f"--rtol-of-max {o.name}:{r['rtol_of_max']:.4g}")
-    if r.get("rtol") is not None:
-        parts.append(f"--rtol {o.name}:{r['rtol']:.4g} (element-wise)")
+    parts = [f"--atol {o.name}:{r.atol:.4g}"]
+    if r.rtol_of_max is not None:
+        parts.append(f"--rtol-of-max {o.name}:{r.rtol_of_max:.4g}")
+    if r.rtol is not None:
+        parts.append(f"--rtol {o.name}:{r.rtol:.4g} (element-wise)")
     text = f"{o.name}: would pass the size checks with " + " or ".join(parts)
-    if r.get("min_cosine") is not None:
-        text += f"; cosine {_cosine(r['min_cosine'])} needs --min-cosine at most that"
+    if r.min_cosine is not None:
+        text += f"; cosine {_cosine(r.min_cosine)} needs --min-cosine at most that"
     return text
 
 
-def criterion_line(report: Any) -> str:
-    rtol = report.rtol.get("")
-    tolerances = f"atol {report.atol['']:g}, rtol_of_max {report.rtol_of_max['']:g}"
+def criterion_line(v: Verification) -> str:
+    rtol = v.rtol.get("")
+    tolerances = f"atol {v.atol['']:g}, rtol_of_max {v.rtol_of_max['']:g}"
     if rtol is not None:
         tolerances += f", rtol {rtol:g} (element-wise)"
     return (
-        f"{'PASSED' if report.passed else 'FAILED'}: {tolerances}, min cosine {report.min_cosine['']:g} "
-        f"({report.precision} defaults unless overridden; per-output values in the JSON report)"
+        f"{'PASSED' if v.passed else 'FAILED'}: {tolerances}, min cosine {v.min_cosine['']:g} "
+        f"({v.precision} defaults unless overridden; per-output values in the JSON report)"
     )
 
 
-def constant_note(report: Any) -> str | None:
+def constant_note(v: Verification) -> str | None:
     """What to note when some output of the reference is one value everywhere (random weights
     that saturate, inputs that mask everything): its pass shows little of the conversion."""
-    constant = report.constant_outputs
+    constant = v.constant_outputs
     if not constant:
         return None
     shown = ", ".join(f"{name} (every element {value:g})" for name, value in constant.items())
@@ -291,40 +305,42 @@ def constant_note(report: Any) -> str | None:
     )
 
 
-def verify_table(report: Any, verbose: bool = False) -> str:
+def verify_table(v: Verification, verbose: bool = False) -> str:
     """One row per output, failures first; the legend and the tolerances that would have passed
     when something failed or with -v."""
     header = (
-        f"verify {report.candidate} against {report.reference} on {report.provider} "
-        f"({', '.join(report.providers_used)})"
-        + (f", emulated {report.precision}: {report.emulation_reason}" if report.emulated else "")
+        f"verify {v.candidate} against {v.reference} on {v.provider} "
+        f"({', '.join(v.providers_used)})"
+        + (f", emulated {v.precision}: {v.emulation_reason}" if v.emulated else "")
     )
-    lines = [header, table([c.header for c in DRIFT_COLUMNS], drift_rows(report))]
-    if report.localized:
-        lines += ["", "first nodes where drift starts:", table(*localized_table(report.localized))]
-    lines.append(criterion_line(report))
-    lines.append(f"criterion: {report.criterion}")
-    note = constant_note(report)
+    lines = [header, table([c.header for c in DRIFT_COLUMNS], drift_rows(v))]
+    if v.localized:
+        lines += ["", "first nodes where drift starts:", table(*localized_table(v.localized))]
+    lines.append(criterion_line(v))
+    lines.append(f"criterion: {v.criterion}")
+    note = constant_note(v)
     if note:
         lines.append(f"note: {note}")
-    if verbose or not report.passed:
-        needed = [t for o in report.outputs if (verbose or not o.passed) and (t := required_tolerances(o))]
+    if verbose or not v.passed:
+        needed = [t for o in v.outputs if (verbose or not o.passed) and (t := required_tolerances(o))]
         if needed:
             lines += ["minimum tolerances:", *(f"  {t}" for t in needed)]
         lines += ["columns:", *(f"  {c.header}: {c.legend}" for c in DRIFT_COLUMNS)]
     return "\n".join(lines)
 
 
-def localized_table(localized: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[object]]]:
-    rows = []
+def localized_table(localized: Sequence[Localized]) -> tuple[list[str], list[list[object]]]:
+    rows: list[list[object]] = []
     for d in localized:
-        detail = (
-            f"{d['reference_shape']} vs {d['candidate_shape']}"
-            if d["reason"] == "shape differs"
-            else fmt(d["rel_error"])
-        )
-        rows.append([d["node"], d["op"], d["tensor"], d["reason"], detail, d["input_rel_error"]])
+        shapes = f"{list(d.reference_shape or ())} vs {list(d.candidate_shape or ())}"
+        detail = shapes if d.reason == "shape differs" else fmt(d.rel_error)
+        rows.append([d.node, d.op, d.tensor, d.reason, detail, d.input_rel_error])
     return ["node", "op", "tensor", "reason", "rel_error or shapes", "inputs' rel_error"], rows
+
+
+def worst_score(v: Verification) -> float:
+    """The worst output's score (0 with no output): how far from passing the model is."""
+    return max((o.score for o in v.outputs if o.score is not None), default=0.0)
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -338,126 +354,131 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[
     ]
 
 
-def verify_markdown(entries: Sequence[tuple[Any, Any]], failed: Sequence[tuple[str, str]] = ()) -> str:
-    """A Markdown summary for a CI job's summary page: (conversion report or None, verify
-    report) per model; `failed` lists (model, error) for models that could not be converted."""
-    passed = all(v.passed for _, v in entries) and not failed
+def verify_markdown(results: Sequence[ModelResult]) -> str:
+    """A Markdown summary for a CI job's summary page: each verified model (with its conversion
+    and repair where it has them), and the models that could not be converted."""
+    verified = [r for r in results if r.verify is not None]
+    failed = _failures(results)
+    passed = all(_verification(r).passed for r in verified) and not failed
     out = [f"# rlx-amp drift report: {'✅ passed' if passed else '❌ failed'}", ""]
     summary = []
-    for conv, v in entries:
-        worst = max((o.score for o in v.outputs), default=0.0)
-        policy = conv.policy.name if conv is not None and conv.policy is not None else "-"
+    for r in verified:
+        v = _verification(r)
         summary.append(
             [
                 f"`{v.candidate}`",
                 "pass" if v.passed else "**FAIL**",
-                policy,
+                r.conversion.policy.name if r.conversion is not None and r.conversion.policy is not None else "-",
                 v.provider,
                 "yes" if v.emulated else "no",
                 len(v.outputs),
                 sum(not o.passed for o in v.outputs),
-                worst,
+                worst_score(v),
             ]
         )
-    summary += [[f"`{model}`", "**ERROR**", "-", "-", "-", "-", "-", error] for model, error in failed]
+    summary += [[f"`{f.model}`", "**ERROR**", "-", "-", "-", "-", "-", f.error] for f in failed]
     out += _md_table(["model", "result", "policy", "provider", "emulated", "outputs", "failed", "worst score"], summary)
     out.append("")
-    for conv, v in entries:
-        out += [
-            f"## `{v.candidate}`",
-            "",
-            f"Compared against `{v.reference}`. Criterion: {v.criterion}.",
-            "",
-            criterion_line(v) + f". Seed {v.seed}, {v.samples} input set(s).",
-            "",
-        ]
-        note = constant_note(v)
-        if note:
-            out += [f"> Note: {note}.", ""]
-        out += _md_table([c.header for c in DRIFT_COLUMNS], drift_rows(v))
-        needed = [t for o in v.outputs if not o.passed and (t := required_tolerances(o))]
-        if needed:
-            out += ["", "Minimum tolerances that would have passed:", "", *(f"- `{t}`" for t in needed)]
-        if v.localized:
-            out += ["", "First nodes where drift starts:", "", *_md_table(*localized_table(v.localized))]
-        if conv is not None:
-            out += ["", "### Conversion", "", *_conversion_facts_md(conv)]
-            if conv.repair is not None:
-                out += ["", "### Repair", "", *_repair_md(conv.repair)]
-        out.append("")
+    for r in verified:
+        out += _verified_md(r)
     out += ["### Columns", "", *(f"- **{c.header}**: {c.legend}" for c in DRIFT_COLUMNS), ""]
     return "\n".join(out)
 
 
-def _conversion_facts_md(r: ConversionReport) -> list[str]:
+def _verification(r: ModelResult) -> Verification:
+    assert r.verify is not None
+    return r.verify
+
+
+def _verified_md(r: ModelResult) -> list[str]:
+    v = _verification(r)
     out = [
-        f"Policy `{r.policy.name if r.policy else '?'}`, target `{r.target or '?'}`: {r.nodes_total} nodes, "
-        f"{r.casts_inserted} Casts inserted, {len(r.kept_f32)} kept f32, weights {_mib(r.initializer_bytes_before)} → "
-        f"{_mib(r.initializer_bytes_after)}.",
+        f"## `{v.candidate}`",
+        "",
+        f"Compared against `{v.reference}`. Criterion: {v.criterion}.",
+        "",
+        criterion_line(v) + f". Seed {v.seed}, {v.samples} input set(s).",
         "",
     ]
-    cost = cost_line(r.cost.to_json() if r.cost else None)
-    if cost:
-        out += [cost[0].upper() + cost[1:] + ".", ""]
-    out += _md_table(["kind", *PRECISION_COLUMNS], _kind_rows(r.by_kind))
-    if r.kept_f32:
-        shown = r.kept_f32[:20]
+    note = constant_note(v)
+    if note:
+        out += [f"> Note: {note}.", ""]
+    out += _md_table([c.header for c in DRIFT_COLUMNS], drift_rows(v))
+    needed = [t for o in v.outputs if not o.passed and (t := required_tolerances(o))]
+    if needed:
+        out += ["", "Minimum tolerances that would have passed:", "", *(f"- `{t}`" for t in needed)]
+    if v.localized:
+        out += ["", "First nodes where drift starts:", "", *_md_table(*localized_table(v.localized))]
+    if r.conversion is not None:
+        out += ["", "### Conversion", "", *_conversion_facts_md(r.conversion)]
+        if r.repair is not None:
+            out += ["", "### Repair", "", *_repair_md(r.repair)]
+    out.append("")
+    return out
+
+
+def _conversion_facts_md(c: Conversion) -> list[str]:
+    out = [
+        f"Policy `{_policy(c)}`, target `{c.target or '?'}`: {c.nodes.total} nodes, "
+        f"{c.casts_inserted} Casts inserted, {len(c.kept_f32)} kept f32, weights {_mib(c.initializer_bytes.before)} → "
+        f"{_mib(c.initializer_bytes.after)}.",
+        "",
+        *_cost_sentence(c),
+    ]
+    out += _md_table(["kind", *PRECISION_COLUMNS], _kind_rows(c.by_kind))
+    if c.kept_f32:
+        shown = c.kept_f32[:20]
         out += ["", *_md_table(["kept f32", "op", "reason"], [[f"`{k.node}`", k.op, k.reason] for k in shown])]
-        if len(r.kept_f32) > len(shown):
-            out.append(f"\n… and {len(r.kept_f32) - len(shown)} more (JSON report).")
-    total = sum(int(v["clamped"]) for v in r.clamped.values())
+        if len(c.kept_f32) > len(shown):
+            out.append(f"\n… and {len(c.kept_f32) - len(shown)} more (JSON report).")
+    total = _clamped_values(c)
     if total:
-        out += ["", f"Clamped {total} values in {len(r.clamped)} tensors to the low precision's range."]
+        out += ["", f"Clamped {total} values in {len(c.clamped)} tensors to the low precision's range."]
     return out
 
 
-def _repair_md(repair: dict[str, Any]) -> list[str]:
-    best = repair.get("best") or {}
+def repair_history_rows(repair: Repair) -> list[list[object]]:
+    """The repair's evaluations as table rows: evaluation, stage, kept, passed, score, written."""
+    return [[h.evaluation, h.stage, h.kept, h.passed, h.score, "✓" if h.written else ""] for h in repair.history]
+
+
+def repair_kept_rows(repair: Repair, node: Callable[[str], str] = str) -> list[list[object]]:
+    """The nodes the repaired model keeps in f32 as table rows: node (as `node` writes it), op,
+    reason, path."""
+    return [[node(k.node), k.op, k.reason, k.path] for k in repair.kept_f32]
+
+
+def _repair_md(repair: Repair) -> list[str]:
+    b = repair.best
+    evaluation, stage, score = (b.evaluation, b.stage, b.score) if b is not None else (None, None, None)
     out = [
-        f"{'Met the tolerance' if repair['passed'] else 'Did not meet the tolerance'} after "
-        f"{repair['evaluations']} evaluations; wrote evaluation {best.get('evaluation')} ({best.get('stage')}, "
-        f"score {fmt(best.get('score'))}); minimality {repair.get('minimality')}.",
+        f"{'Met the tolerance' if repair.passed else 'Did not meet the tolerance'} after "
+        f"{repair.evaluations} evaluations; wrote evaluation {evaluation} ({stage}, "
+        f"score {fmt(score)}); minimality {repair.minimality}.",
         "",
     ]
-    out += _md_table(
-        ["evaluation", "stage", "kept", "passed", "score", "written"],
-        [
-            [h["evaluation"], h["stage"], h["kept"], h["passed"], h["score"], "✓" if h.get("written") else ""]
-            for h in repair["history"]
-        ],
-    )
-    if repair["kept_f32"]:
-        out += [
-            "",
-            *_md_table(
-                ["kept f32", "op", "reason", "path"],
-                [[f"`{k['node']}`", k["op"], k["reason"], k["path"]] for k in repair["kept_f32"]],
-            ),
-        ]
+    out += _md_table(["evaluation", "stage", "kept", "passed", "score", "written"], repair_history_rows(repair))
+    if repair.kept_f32:
+        out += ["", *_md_table(["kept f32", "op", "reason", "path"], repair_kept_rows(repair, lambda n: f"`{n}`"))]
     return out
 
 
-def repair_summary(result: Any) -> str:
-    best = result.best or {}
-    written = f"evaluation {best.get('evaluation')} ({best.get('stage')}, score {best.get('score', 0):.3g})"
+def repair_summary(repair: Repair) -> str:
+    b = repair.best
+    written = f"evaluation {b.evaluation} ({b.stage}, score {b.score:.3g})" if b is not None else "no evaluation"
     verdict = (
         "met the tolerance"
-        if result.passed
+        if repair.passed
         else "the tolerance was not met within the budget or by any keep; wrote the best model found"
     )
     lines = [
-        f"repair: {verdict} after {result.evaluations} evaluations: {written}; {len(result.kept)} nodes kept f32 "
-        f"(minimality {result.minimality}); "
-        f"low precision: {percent(result.compute_low_share)} of Compute nodes, "
-        f"{percent(result.weight_low_share)} of float weight bytes"
+        f"repair: {verdict} after {repair.evaluations} evaluations: {written}; {len(repair.kept_f32)} nodes kept f32 "
+        f"(minimality {repair.minimality}); "
+        f"low precision: {percent(repair.compute_low_share)} of Compute nodes, "
+        f"{percent(repair.weight_low_share)} of float weight bytes"
     ]
-    if result.kept:
-        lines.append(
-            table(
-                ("kept f32", "op", "reason", "path"),
-                [[v["node"], v["op"], v["reason"], p] for p, v in result.kept.items()],
-            )
-        )
+    if repair.kept_f32:
+        lines.append(table(("kept f32", "op", "reason", "path"), repair_kept_rows(repair)))
     return "\n".join(lines)
 
 

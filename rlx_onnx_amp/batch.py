@@ -1,0 +1,529 @@
+"""Batch processing for the convert command: each model converted (verified, repaired) and
+printed by a `ConvertJob`, alone or in a pool of worker processes (`--jobs N`, `run_in_workers`),
+an export directory whole or not at all (`convert_directory`), and the progress shown on a
+terminal.
+
+A worker converts, verifies and commits its model exactly as the parent does alone; the parent
+prints what each printed and gathers the results in input order, so reports, order, output and
+exit code are those of `--jobs 1`. Ctrl-C or SIGTERM stops every worker: each removes its
+staging and scratch (a worker in the middle of a commit finishes it first), and a worker still
+alive 5 s later gets SIGTERM again and SIGKILL after 60 s (`StopWatch`, which reads Linux's
+/proc to signal only this process's own children).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlx_onnx_amp.api import checker_failure, stage_conversion
+from rlx_onnx_amp.cost import policy_hint
+from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
+from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.exits import (
+    EXIT_INTERNAL,
+    EXIT_SIGTERM,
+    EXIT_UNVERIFIED,
+    EXIT_USAGE,
+    Terminated,
+    error_line,
+    raise_stop,
+    raise_terminated,
+    stop_requested,
+    worst_exit_code,
+)
+from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.policy import Policy
+from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
+from rlx_onnx_amp.reports.record import Conversion, Failure, ModelResult, Repair, Verification, batch_json
+from rlx_onnx_amp.reports.text import (
+    conversion_markdown,
+    conversion_table,
+    failed_verdict,
+    repair_summary,
+    verify_markdown,
+    verify_table,
+)
+from rlx_onnx_amp.rewrite import ConvertOptions
+from rlx_onnx_amp.verification import VerifyOptions, verify
+from rlx_onnx_amp.verification.compare import session_threads
+from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+
+__all__ = [
+    "ConvertJob",
+    "JobSettings",
+    "Progress",
+    "RunResults",
+    "StagedProgress",
+    "StopWatch",
+    "WorkerOutcome",
+    "convert_directory",
+    "invalid_input",
+    "run_in_workers",
+    "status",
+    "warn",
+]
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the convert command asks of each model."""
+
+    policy: Policy
+    options: ConvertOptions
+    verify_options: VerifyOptions | None  # None: --no-verify
+    repair: bool = False
+    budget: int = DEFAULT_BUDGET
+    data_name: str | None = None
+    screen: bool = True  # rule range-screen from the reference run (not with --repair: it screens itself)
+    verify_required: bool = False  # --verify: a reference that cannot run is an error, not exit 4
+    quiet: bool = False
+    verbose: int = 0
+    #: onnxruntime's intra-op threads per session (0: onnxruntime's choice, every core); batch
+    #: workers share the CPUs out.
+    session_threads: int = 0
+
+
+class ConvertJob:
+    """Converts (verifies, repairs) the models of one convert command, one at a time, printing
+    each one's tables as it goes; each call answers what its model came to. It holds no results:
+    the one the parent runs and the copies the workers get are alike."""
+
+    def __init__(self, settings: JobSettings, paths: RunPaths) -> None:
+        self.settings, self.paths = settings, paths
+
+    def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> ModelResult:
+        """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
+        the reports name (a directory's file, staged elsewhere until the directory is whole)."""
+        with session_threads(self.settings.session_threads):
+            if self.settings.repair:
+                return self._repair(src, dst, outputs, shown or dst)
+            return self._convert(src, dst, outputs, shown or dst)
+
+    def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
+        s = self.settings
+        assert s.verify_options is not None
+        report, verified, repaired = repair_file(
+            src,
+            dst,
+            s.policy,
+            options=s.options,
+            verify_options=s.verify_options,
+            budget=s.budget,
+            data_name=s.data_name,
+            outputs=outputs,
+            paths=self.paths,
+            progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
+        )
+        conversion = Conversion.from_report(report, output=shown)
+        result = ModelResult(conversion, Verification.from_report(verified), Repair.from_report(repaired))
+        self._converted(result)
+        return result
+
+    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
+        s = self.settings
+        reference, unverified = self._reference(src)
+        options = s.options
+        if reference is not None and reference.value_ranges:
+            options = dataclasses.replace(options, value_ranges=reference.value_ranges)
+        with Progress(f"converting {Path(src).name}", enabled=not s.quiet) as progress:
+            staged = stage_conversion(
+                src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
+            )
+        conversion = Conversion.from_report(staged.report, output=shown)
+        self._converted(ModelResult(conversion))
+        if reference is None:
+            if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
+                warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
+            return ModelResult(conversion, unverified=unverified)
+        status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
+        with StagedProgress(enabled=not s.quiet) as verify_progress:
+            verified = verify(
+                src,
+                staged.path,
+                s.verify_options,
+                progress=verify_progress,
+                candidate_label=shown,
+                outputs=outputs,
+                prepared=reference,
+            )
+        result = ModelResult(conversion, Verification.from_report(verified))
+        self._verified(result)
+        return result
+
+    def _reference(self, src: str) -> tuple[Reference | None, str | None]:
+        """The reference's one run (screened unless --no-screen), or why there is none: with
+        verification by default a reference that cannot run leaves the model unverified."""
+        s = self.settings
+        if s.verify_options is None:
+            return None, None
+        with StagedProgress(enabled=not s.quiet) as progress:
+            try:
+                return prepare_reference(src, s.verify_options, screen=s.screen, progress=progress), None
+            except ReferenceUnavailable as e:
+                if s.verify_required:
+                    raise e.error from None
+                return None, str(e)
+
+    def convert_own(self, src: str, dst: str) -> ModelResult:
+        """One model of a batch: committed on its own; a failure is reported and the rest go on."""
+        try:
+            with OutputSet(self.paths.protected()) as own:
+                result = self.convert(src, dst, own)
+                own.commit()
+            return result
+        except AmpError as e:
+            return self._failed(src, str(e), e.exit_code)
+        except Exception as e:
+            invalid = invalid_input([src])
+            if invalid is not None:
+                return self._failed(src, invalid, EXIT_USAGE)
+            traceback.print_exc()
+            bug = f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp"
+            return self._failed(src, bug, EXIT_INTERNAL)
+
+    def _converted(self, result: ModelResult) -> None:
+        """What a conversion prints: the warnings of options that matched nothing, its table and
+        the policy's hint (with --repair, then the repair and the drift)."""
+        assert result.conversion is not None
+        self._warn_idle(result.conversion)
+        if not self.settings.quiet:
+            click.echo(conversion_table(result.conversion))
+            self._hint(result.conversion)
+            if result.repair is not None:
+                click.echo(repair_summary(result.repair))
+        if result.verify is not None:
+            self._verified(result)
+
+    def _verified(self, result: ModelResult) -> None:
+        assert result.verify is not None
+        if not self.settings.quiet:
+            click.echo(verify_table(result.verify, verbose=self.settings.verbose > 0))
+        elif not result.verify.passed:  # -q still says that something failed, in one line
+            click.echo(failed_verdict(result.verify))
+
+    def _hint(self, c: Conversion) -> None:
+        """One line when the policy buys little: the policy itself is never changed."""
+        if c.cost is not None and c.policy is not None:
+            hint = policy_hint(c.cost, c.casts_inserted, c.policy.name)
+            if hint:
+                click.echo(f"rlx-amp: hint: {hint}", err=True)
+
+    def _warn_idle(self, c: Conversion) -> None:
+        """Options that matched nothing in this model: a warning, since they may match others."""
+        options, data_name = self.settings.options, self.settings.data_name
+        ops = {op.rpartition(".")[2] for op in c.by_op}
+        for op in options.keep_f32_ops:
+            if op not in ops:
+                close = difflib.get_close_matches(op, sorted(ops), n=3)
+                hint = f" (close: {', '.join(close)})" if close else ""
+                warn(f"--keep-f32-op {op}: {c.model} has no {op} node{hint}")
+        for pattern in options.keep_f32_nodes:
+            if not any(k.reason == f"user: --keep-f32-node {pattern}" for k in c.kept_f32):
+                warn(f"--keep-f32-node {pattern}: no node of {c.model} that the policy lowers matches")
+        if data_name is not None and not c.data_files:
+            warn(f"--data-name {data_name}: {c.output} is written without external data")
+
+    def _failed(self, src: str, message: str, code: int) -> ModelResult:
+        click.echo(error_line(message), err=True)
+        return ModelResult(failure=Failure(src, message, code))
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """What the models of one convert command came to, in input order: its reports, its
+    summary line and its exit code (the worst of its models')."""
+
+    results: tuple[ModelResult, ...]
+    verifying: bool  # not --no-verify
+
+    @property
+    def exit_code(self) -> int:
+        return worst_exit_code([r.exit_code for r in self.results])
+
+    def json(self, batch: bool) -> dict[str, Any]:
+        return batch_json(self.results, self.exit_code) if batch else self.results[0].to_json()
+
+    def markdown(self) -> str:
+        failed = any(r.failure is not None for r in self.results)
+        if any(r.verify is not None for r in self.results) or (failed and self.verifying):
+            return verify_markdown(self.results)
+        return conversion_markdown(self.results)
+
+    def html(self) -> str:
+        from rlx_onnx_amp.reports.html import html_report  # matplotlib: only when a page is asked for
+
+        return html_report(self.results, title="rlx-amp conversion report")
+
+    def summary(self, quiet: bool) -> str | None:
+        """A batch's last line: how many passed (or were converted), which failed, which were
+        written unverified; with -q only when something did not pass."""
+        bad = [r.verify.candidate for r in self.results if r.verify is not None and not r.verify.passed]
+        bad += [r.failure.model for r in self.results if r.failure is not None]
+        unverified = [r.output or r.model for r in self.results if r.unverified is not None]
+        if not (bad or unverified or not quiet):
+            return None
+        line = f"{len(self.results) - len(bad) - len(unverified)} of {len(self.results)} models "
+        line += "passed" if self.verifying else "converted"
+        line += f"; failed: {', '.join(bad)}" if bad else ""
+        line += f"; not verified: {', '.join(unverified)}" if unverified else ""
+        return line
+
+
+def invalid_input(models: Sequence[str]) -> str | None:
+    """One line naming the first input model that fails onnx.checker (full check), if any."""
+    for model in models:
+        first = checker_failure(model, 300)
+        if first is not None:
+            return f"{model}: not a valid ONNX model (onnx.checker: {first}); nothing written"
+    return None
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    """What a worker's model came to, and what it printed."""
+
+    result: ModelResult
+    stdout: str
+    stderr: str
+
+
+#: How batch workers start: forked where the platform can (instantly, with everything imported;
+#: the parent has opened no onnxruntime session yet, so no thread pool is copied mid-flight),
+#: spawned elsewhere.
+START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+#: Whether this worker is converting a model (the SIGTERM handler unwinds it) or waiting for
+#: the next one inside the pool's queue (where an exception would be the pool's traceback).
+_converting = False
+
+
+def _worker_start() -> None:
+    """A worker: SIGTERM unwinds a conversion (staging cleaned, a commit finished first) and
+    ends an idle worker at once; SIGINT is left to the parent, which stops every worker with
+    SIGTERM."""
+    signal.signal(signal.SIGTERM, _worker_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _worker_sigterm(signum: int, frame: object) -> None:
+    if _converting:
+        raise_terminated(signum, frame)
+    os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
+
+
+def _leave_if_stopped() -> None:
+    """A worker told to stop never takes another model, even when the handler's exception
+    was lost (exits.stop_requested): the parent holds the task queue's lock by then, and a
+    worker waiting for it would wait for ever."""
+    if stop_requested():
+        os._exit(EXIT_SIGTERM)
+
+
+def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, WorkerOutcome]:
+    global _converting
+    index, job, src, dst = task
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        _converting = True
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            result = job.convert_own(src, dst)
+    except Terminated:  # the parent stops the batch; staging and scratch are already removed
+        os._exit(EXIT_SIGTERM)
+    finally:
+        _converting = False
+    _leave_if_stopped()
+    return index, WorkerOutcome(result, out.getvalue(), err.getvalue())
+
+
+def _model_bytes(path: str) -> int:
+    """A model's size with the files beside it that its name prefixes (its data): the larger
+    ones are handed out first, so the last worker does not finish alone."""
+    p = Path(path)
+    try:
+        return sum(f.stat().st_size for f in p.parent.iterdir() if f.name.startswith(p.name) and f.is_file())
+    except OSError:
+        return 0
+
+
+def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) -> list[ModelResult]:
+    """The batch in `workers` processes: each model converted, verified and committed by a
+    worker exactly as `convert_own` does it alone, the largest first; the parent prints what
+    each printed and gathers the results in input order, so reports and exit code are those of
+    --jobs 1. Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a
+    commit)."""
+    threads = max(1, (os.cpu_count() or 1) // workers)  # onnxruntime shares the CPUs out
+    worker_job = ConvertJob(dataclasses.replace(job.settings, session_threads=threads), job.paths)
+    results: list[ModelResult] = []
+    context = multiprocessing.get_context(START_METHOD)
+    order = sorted(range(len(pairs)), key=lambda i: -_model_bytes(pairs[i][0]))
+    tasks = [(i, worker_job, *pairs[i]) for i in order]
+    done: dict[int, WorkerOutcome] = {}
+    pool = context.Pool(workers, initializer=_worker_start)
+    worker_pids = [child.pid for child in multiprocessing.active_children() if child.pid is not None]
+    try:
+        for index, outcome in pool.imap_unordered(_worker_convert, tasks):
+            if stop_requested():  # a signal whose exception was lost: the batch still stops
+                raise_stop()
+            done[index] = outcome
+            while len(results) in done:  # in input order, as soon as the next one is there
+                results.append(_take(done.pop(len(results))))
+        pool.close()
+    except BaseException:
+        with StopWatch(worker_pids):
+            pool.terminate()  # SIGTERM to every worker, then waits for each
+        raise
+    finally:
+        pool.join()
+    return results
+
+
+class StopWatch(contextlib.AbstractContextManager["StopWatch"]):
+    """While the pool stops its workers: a worker still alive after `resend_s` gets SIGTERM
+    again (once a signal can be lost, see `_leave_if_stopped`), and after `kill_s` SIGKILL,
+    so an interrupted batch always ends. Only processes that are still this process's
+    children are signalled (Linux's /proc says; elsewhere the watch does nothing)."""
+
+    def __init__(self, pids: list[int], resend_s: float = 5.0, kill_s: float = 60.0) -> None:
+        self.pids, self.resend_s, self.kill_s = pids, resend_s, kill_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="rlx-amp-stop-watch", daemon=True)
+
+    def __enter__(self) -> StopWatch:
+        if Path("/proc").is_dir():
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def _watch(self) -> None:
+        waited = 0.0
+        while not self.done.wait(self.resend_s):
+            waited += self.resend_s
+            number = signal.SIGKILL if waited >= self.kill_s else signal.SIGTERM
+            for pid in self.pids:
+                if _is_child(pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, number)
+
+
+def _is_child(pid: int) -> bool:
+    """Whether `pid` is a child of this process that has not been reaped (so not a reused pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+    return fields[0] != "Z" and int(fields[1]) == os.getpid()
+
+
+def _take(outcome: WorkerOutcome) -> ModelResult:
+    """A worker's model into the batch: what it printed, then its result."""
+    click.echo(outcome.stdout, nl=False)
+    click.echo(outcome.stderr, nl=False, err=True)
+    return outcome.result
+
+
+def warn(message: str) -> None:
+    click.echo(f"rlx-amp: warning: {message}", err=True)
+
+
+def status(line: str, enabled: bool) -> None:
+    """A status line for long steps, on a terminal only."""
+    if enabled and sys.stderr.isatty():
+        click.echo(line, err=True)
+
+
+class Progress:
+    """A progress bar on stderr, only when stderr is a terminal and not --quiet."""
+
+    def __init__(self, label: str, enabled: bool, min_total: int = 64 << 20) -> None:
+        self.label = label
+        self.min_total = min_total  # below this the work ends before a bar helps
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.shown = 0
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < self.min_total:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(
+                length=total, label=self.label, file=sys.stderr, show_pos=False, show_percent=True
+            )
+            self.bar.__enter__()
+        self.bar.update(done - self.shown)
+        self.shown = done
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+class StagedProgress:
+    """One progress bar per stage of a verification, on a terminal only."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.stage: str | None = None
+        self.bar: Progress | None = None
+
+    def __enter__(self) -> StagedProgress:
+        return self
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage != self.stage:
+            self.__exit__()
+            # Bars only for work long enough to watch: many weights, or several input sets.
+            self.stage, self.bar = (
+                stage,
+                Progress(stage, self.enabled, min_total=64 if stage == "rounding weights" else 4),
+            )
+        assert self.bar is not None
+        self.bar(done, total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__()
+            self.bar = None
+
+
+def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult]:
+    """An export directory into `out`, whole or not at all (`rlx_onnx_amp.directory`): every
+    model converted (verified, repaired) under its relative name, every other file copied, the
+    caches' types checked across files; a model that fails leaves nothing written."""
+    if out.resolve() == src.resolve() or out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(
+        out.resolve()
+    ):
+        raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
+    export = scan_export_dir(src)
+    results: list[ModelResult] = []
+    with StagedDirectory(out) as staged:
+        with OutputSet(job.paths.protected()) as outputs:
+            for rel in export.models:
+                results.append(job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel)))
+            outputs.commit()
+        for rel in export.others:
+            staged.copy(src / rel, rel)
+        check_cache_types(staged.root, export.models)
+        staged.commit()
+    return results
