@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
+import io
+import logging
+import os
+import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +29,53 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.I
        TensorProto.FLOAT16: np.float16}
 
 
-def rlx(*args: str | Path, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the command line (`python -m rlx_onnx_amp ARGS`) and capture its output."""
-    return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+def rlx(
+    *args: str | Path, cwd: Path | None = None, timeout: float = 300, subprocess_only: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the command line on ARGS and capture its exit code, stdout and stderr.
+
+    In this process (`rlx_onnx_amp.__main__.main`, what `rlx-amp` runs), which saves each
+    call the interpreter's start and the imports (about a second): the CLI's signal handlers,
+    logging and working directory are put back afterwards. In a subprocess
+    (`python -m rlx_onnx_amp ARGS`) where the process is the point: `subprocess_only`, a
+    `--jobs` pool, or RLX_AMP_TEST_SUBPROCESS=1 in the environment (the whole suite then runs
+    every command as a user would)."""
+    argv = [str(a) for a in args]
+    if subprocess_only or os.environ.get("RLX_AMP_TEST_SUBPROCESS") == "1" or any(a.startswith("--jobs") for a in argv):
+        return subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *argv], capture_output=True, text=True,
+                              cwd=cwd, timeout=timeout)
+    return _rlx_in_process(argv, cwd)
+
+
+def _rlx_in_process(argv: list[str], cwd: Path | None) -> subprocess.CompletedProcess[str]:
+    from rlx_onnx_amp.__main__ import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    root = logging.getLogger()
+    root_handlers, root_level = root.handlers[:], root.level
+    root.handlers = []  # the CLI's logging.basicConfig adds its own, on the captured stderr
+    here = os.getcwd()
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main(argv)
+            except SystemExit as e:
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # what the interpreter would print before exiting 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(here)
+        root.handlers, root.level = root_handlers, root_level
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    return subprocess.CompletedProcess(["rlx-amp", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
 def feeds_for(fixture: Fixture | None, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
