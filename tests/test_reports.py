@@ -123,3 +123,23 @@ def test_merge_reports_refuses_a_report_that_is_not_one_in_one_line(tmp_path: Pa
         code, stderr = _cli("merge-reports", path)
         assert code == 2 and len(stderr.splitlines()) == 1, stderr
         assert stderr.startswith(f"rlx-amp: error: {path}: not an rlx-amp report ("), stderr
+
+
+def test_merge_reports_counts_a_model_written_unverified_as_its_shard_did(tmp_path: Path) -> None:
+    """A shard whose model was written unverified exited 4; merged with a passing shard, the
+    merge exits 4 too (the worst of the shards' codes), as one batch of both models does."""
+    from tests.test_cli import _wide_conv
+
+    wide = _wide_conv(tmp_path / "conv.onnx")  # the reference cannot run on the guessed axes
+    good = tmp_path / "good.onnx"
+    onnx.save(HEALTHY["conv_net"]().model, str(good))
+    cpu = ("--provider", "cpu", "-q")
+    assert _cli(wide, "-p", "always-f16", "-o", tmp_path / "wide16.onnx", *cpu, "--report-json", tmp_path / "a.json")[0] == 4
+    assert _cli(good, "-o", tmp_path / "good16.onnx", *cpu, "--report-json", tmp_path / "b.json")[0] == 0
+    (unverified,) = read_report(tmp_path / "a.json")
+    assert unverified.unverified and unverified.verify is None and unverified.exit_code == 4
+    merged = merge_reports([tmp_path / "a.json", tmp_path / "b.json"])
+    assert merged.exit_code == 4 and merged.to_json()["exit_code"] == 4
+    assert _cli("merge-reports", tmp_path / "a.json", tmp_path / "b.json", "-q")[0] == 4
+    (tmp_path / "out").mkdir()
+    assert _cli(wide, good, "-p", "always-f16", "--out-dir", tmp_path / "out", *cpu)[0] == 4  # one batch of both

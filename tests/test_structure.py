@@ -1,6 +1,7 @@
-"""The package's shape: no module imports another module's private names, and no import cycle
+"""The package's shape: no module imports another module's private names, no import cycle
 among the package's modules (imports at module level; those inside functions are lazy on
-purpose: the HTML report's matplotlib, the CLI's batch workers)."""
+purpose: the HTML report's matplotlib, the CLI's batch workers), and no module or class too
+long to hold in the head."""
 
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ def test_no_module_imports_another_modules_private_names() -> None:
                 if isinstance(owner, ast.Name) and owner.id in {"text", "compare", "cli", "batch", "exits", "api", "repair", "cost"}:
                     offenders.append(f"{name}: {owner.id}.{node.attr}")
     assert offenders == []
+
+
+#: A module a maintainer can read through, a class whose methods fit in the head (issue 23).
+MAX_MODULE_LINES, MAX_CLASS_LINES = 800, 250
+
+
+def test_no_module_over_800_lines_and_no_class_over_250() -> None:
+    too_long = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                too_long.append(f"{path.relative_to(PACKAGE)}: class {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
 
 
 def test_no_import_cycle_in_the_package() -> None:

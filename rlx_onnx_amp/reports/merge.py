@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, worst_exit_code
+from rlx_onnx_amp.exits import EXIT_OK, worst_exit_code
 from rlx_onnx_amp.reports.record import Failure, ModelResult, RecordError, Verification, batch_json
 
 __all__ = ["MergedReport", "merge_reports", "merged_markdown", "read_report"]
@@ -55,15 +55,6 @@ def _failure(data: Any) -> ModelResult:
     return ModelResult(failure=Failure.from_json(data))
 
 
-def _merged_code(r: ModelResult) -> int:
-    """A model's share of the merged exit code, as merge-reports has always counted it: its
-    drift, or a failure's own code. A model written unverified counts 0 here, though its shard
-    exited 4 (`ModelResult.exit_code`)."""
-    if r.failure is not None:
-        return r.failure.exit_code
-    return EXIT_DRIFT if r.verify is not None and not r.verify.passed else EXIT_OK
-
-
 @dataclass(frozen=True)
 class MergedReport:
     """Every model of several reports, in the order the files are given, and those files."""
@@ -73,7 +64,7 @@ class MergedReport:
 
     @property
     def exit_code(self) -> int:
-        return worst_exit_code([_merged_code(r) for r in self.results])
+        return worst_exit_code([r.exit_code for r in self.results])
 
     def to_json(self) -> dict[str, Any]:
         """The merged batch report: a batch report over every model, plus `shards`."""
