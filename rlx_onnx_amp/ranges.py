@@ -194,10 +194,11 @@ class NumericFacts:
         table = self._weight_table()
         small: list[tuple[str, bytes]] = []
         for key, holder in table.items():
-            inline = isinstance(holder, TensorProto) and not is_external(holder)
-            if inline and 0 < len(holder.raw_data) <= _BATCHED_BYTES:
-                small.append((key, holder.raw_data))
-                continue
+            if isinstance(holder, TensorProto) and not is_external(holder):
+                raw = holder.raw_data  # each read of the field copies the bytes
+                if 0 < len(raw) <= _BATCHED_BYTES:
+                    small.append((key, raw))
+                    continue
             found = self._max_of(holder)
             if found is not None:
                 found_max[key] = found

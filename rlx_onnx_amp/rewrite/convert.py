@@ -53,6 +53,8 @@ def convert_model(
         run_passes(plan, passes, options.check_contracts)
         if options.cost:
             report.cost = estimate_cost(model, options.shapes)
+        plan.release()
+        del plan, passes
     return report
 
 

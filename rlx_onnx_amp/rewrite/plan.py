@@ -286,3 +286,11 @@ class Plan:
             for children in scope.children.values():
                 pending.extend(children)
 
+    def release(self) -> None:
+        """Break the scopes' links to their bodies and parents (cycles): once the plan is
+        dropped, what the passes built is freed by reference counting, with no garbage
+        collection walking a few objects per node of the model."""
+        for scope in list(self.scopes()):
+            scope.children, scope.parent = {}, None
+        self.main = None
+
