@@ -119,11 +119,16 @@ class DecidePass(Pass[Plan]):
         orig, templates, prefix, used = scope.orig, self.templates, scope.path, self.cx.used_names
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         templated = not scope.has_qdq
+        # Bound once: the loop runs once per node of the graph.
+        get_template, type_from, decide, append, record = (
+            templates.get, templates.type_from, self._decision, scope.decisions.append, scope.record
+        )
+        no_bodies: list[Scope] = []
         for i, node in enumerate(nodes):
             op, domain, ins, outs = op_types[i], domains[i], inputs[i], outputs[i]
             path = f"{prefix}{i}"
             holds_body = op in GRAPH_OPS or domain not in DEFAULT_DOMAINS
-            children = self._bodies(scope, node, path, types) if holds_body else []
+            children = self._bodies(scope, node, path, types) if holds_body else no_bodies
             if children:
                 scope.children[i] = children
             key_types = (
@@ -134,9 +139,9 @@ class DecidePass(Pass[Plan]):
                 attribute_output_type(node, op) if op in ATTRIBUTE_TYPED_OUTPUTS and domain in DEFAULT_DOMAINS else None
             )
             key = (domain, op, key_types, attr_type, len(outs)) if templated and not children else None
-            template = templates.get(key) if key is not None else None
-            if template is not None and templates.type_from(template, outs, orig):
-                decision = self._decision(template.outcome, path, node, op, domain, ins, outs, scope)
+            template = get_template(key) if key is not None else None
+            if template is not None and type_from(template, outs, orig):
+                decision = decide(template.outcome, path, node, op, domain, ins, outs, scope)
             else:
                 facts, derived = self._facts(
                     node, path, scope, children, op, domain, ins, outs, key_types, attr_type, types
@@ -144,8 +149,8 @@ class DecidePass(Pass[Plan]):
                 outcome = self._outcome(facts)
                 if key is not None:
                     templates.offer(key, derived, facts.out_types, outs, domain, op, outcome)
-                decision = self._decision(outcome, path, node, op, domain, ins, outs, scope)
-            scope.decisions.append(decision)
+                decision = decide(outcome, path, node, op, domain, ins, outs, scope)
+            append(decision)
             for child in children:
                 self.decide_scope(child, types)
                 for out in child.graph.output:  # bodies hand back their original types
@@ -153,7 +158,7 @@ class DecidePass(Pass[Plan]):
             used.update(outs)
             decision.name = node_name = node.name
             used.add(node_name)
-            scope.record(decision, ins, outs, orig_type)
+            record(decision, ins, outs, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:
                 scope.want(out.name, out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None)

@@ -172,12 +172,13 @@ class EmitPass(Pass[Plan]):
             self.values.output_types = {name: want for name, (_, want) in back.items()}
         orig_type = scope.orig.get if is_main else scope.orig_type
         idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
+        children, rename, rewire = scope.children, scope.rename, self._rewire_inputs
         for i, d in enumerate(scope.decisions):
-            if scope.children:
-                for child in scope.children.get(i, ()):
+            if children and i in children:
+                for child in children[i]:
                     self.emit_scope(child)
-            self._rewire_inputs(scope, i, d, orig_type)
-            if scope.rename:
+            rewire(scope, i, d, orig_type)
+            if rename and not rename.keys().isdisjoint(d.outputs):
                 self._rename_outputs(scope, i, d, back)
             if d.precision is not None and (d.source or d.op in _ATTRIBUTE_RETYPED_OPS):
                 self.values.retype_attributes(d, scope)
