@@ -86,14 +86,20 @@ def test_a_converted_model_converted_again_says_it_changed_nothing() -> None:
 
 
 def test_passes_refuse_to_run_out_of_order() -> None:
-    _, plan, (decide, store, emit) = _passes()
-    with pytest.raises(PassContractError, match="pass store: needs a plan at stage 1, got one at stage 0"):
+    """A pass run on a plan at another stage refuses, naming itself, and leaves the plan and the
+    model as they were."""
+    model, plan, (decide, store, emit) = _passes()
+    before = model.SerializeToString()
+    with pytest.raises(PassContractError, match=r"^pass store: "):
         store(plan)
+    assert plan.stage == Stage.NEW and plan.main is None
     decide(plan)
-    with pytest.raises(PassContractError, match="pass emit: needs a plan at stage 2"):
+    assert plan.stage == Stage.DECIDED
+    with pytest.raises(PassContractError, match=r"^pass emit: "):
         emit(plan)
-    with pytest.raises(PassContractError, match="pass decide: needs a plan at stage 0"):
+    with pytest.raises(PassContractError, match=r"^pass decide: "):
         decide(plan)
+    assert plan.stage == Stage.DECIDED and model.SerializeToString() == before
 
 
 class _Sneaky(Pass[Plan]):
