@@ -1,0 +1,264 @@
+"""rlx_onnx_amp.ir.MixedPrecisionPass (issue 24): the CLI's rewrite as an onnx-ir pass, its
+contract (requires/ensures), an honest `modified`, torch's dynamo export, and external data
+read and written without every weight in memory."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, write_external
+from tests.helpers import rlx
+
+ir = pytest.importorskip("onnx_ir", reason="onnx-ir is not installed (pip install 'rlx-onnx-amp[ir]')")
+import onnx_ir.passes.common  # noqa: E402
+
+import rlx_onnx_amp  # noqa: E402
+from rlx_onnx_amp.ir import MixedPrecisionPass  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
+
+
+def _typed(model: ir.Model) -> ir.Model:
+    """Every value's type filled in: the pass's precondition."""
+    return onnx_ir.passes.common.ShapeInferencePass()(model).model
+
+
+def _shape(proto: onnx.ModelProto) -> list[tuple]:
+    """Each node's op, inputs, outputs and Cast target; then every value's element type."""
+    g = proto.graph
+    nodes = [(n.op_type, n.name, list(n.input), list(n.output),
+              [a.i for a in n.attribute if n.op_type == "Cast" and a.name == "to"]) for n in g.node]
+    types = sorted((v.name, v.type.tensor_type.elem_type) for v in [*g.input, *g.output, *g.value_info])
+    inits = sorted((t.name, t.data_type, tuple(t.dims)) for t in g.initializer)
+    return [*nodes, *types, *inits]
+
+
+def _weights(path: Path) -> dict[str, np.ndarray]:
+    model = onnx.load(str(path))
+    return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def _causes(e: BaseException) -> list[type]:
+    chain = []
+    while e is not None:
+        chain.append(type(e))
+        e = e.__cause__  # type: ignore[assignment]
+    return chain
+
+
+# ---- the same rewrite as the CLI -----------------------------------------------------------
+
+def test_pass_gives_the_model_convert_and_the_cli_give(tmp_path: Path) -> None:
+    model = _typed(ir.load(DEMO))
+    src = tmp_path / "typed.onnx"
+    ir.save(model, src)
+    graph = model.graph
+    result = ir.passes.PassManager([MixedPrecisionPass(policy="always-f16")])(model)
+    assert result.modified and result.model is model and model.graph is graph
+    ours = ir.to_proto(model)
+    expected = rlx_onnx_amp.convert(onnx.load(str(src)), "always-f16")
+    # Byte for byte, once both have made the same trip through onnx-ir (value_info's order is its own).
+    assert ours.SerializeToString() == ir.to_proto(ir.from_proto(expected)).SerializeToString()
+    cli_out = tmp_path / "cli.onnx"
+    done = rlx(src, "-p", "always-f16", "-o", cli_out, "--no-verify", "-q")
+    assert done.returncode == 0, done.stderr
+    cli = onnx.load(str(cli_out))
+    assert _shape(ours) == _shape(cli)
+    assert sum(n.op_type == "Cast" for n in ours.graph.node) > 0
+    assert {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in ours.graph.initializer} == \
+        {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in cli.graph.initializer}
+
+
+def test_modified_is_false_when_nothing_changes() -> None:
+    model = _typed(ir.load(DEMO))
+    before = ir.to_proto(model).SerializeToString()
+    result = ir.passes.PassManager([MixedPrecisionPass(policy="always-f32")])(model)
+    assert result.modified is False and ir.to_proto(model).SerializeToString() == before
+    assert MixedPrecisionPass(policy="always-f16")(model).modified is True
+    converted = ir.to_proto(model).SerializeToString()
+    again = MixedPrecisionPass(policy="always-f16")
+    assert again(model).modified is False and again.report.changed is False
+    assert ir.to_proto(model).SerializeToString() == converted
+
+
+def test_bad_options_fail_when_the_pass_is_made() -> None:
+    with pytest.raises(rlx_onnx_amp.PolicyError):
+        MixedPrecisionPass(policy="always-f12")
+    with pytest.raises(rlx_onnx_amp.InputError, match="unknown target"):
+        MixedPrecisionPass(policy="always-f16", target="tpu")
+    with pytest.raises(TypeError, match="not both"):
+        MixedPrecisionPass(options=rlx_onnx_amp.make_options(), keep_io_types=False)
+
+
+def test_keywords_are_converts(tmp_path: Path) -> None:
+    """keep_f32_ops and keep_io_types reach the converter as they do through `convert`."""
+    model = _typed(ir.load(DEMO))
+    proto = ir.to_proto(model)
+    kw = {"keep_f32_ops": ["Softmax"], "keep_io_types": False, "target": "cpu"}
+    p = MixedPrecisionPass(policy="always-f16", **kw)
+    p(model)
+    expected = rlx_onnx_amp.convert(proto, "always-f16", **kw)
+    assert _shape(ir.to_proto(model)) == _shape(expected)
+    assert p.report.target == "cpu" and p.report.proof == "onnx.checker"
+    assert model.graph.inputs[0].dtype == ir.DataType.FLOAT16  # keep_io_types=False
+
+
+# ---- the contract --------------------------------------------------------------------------
+
+def test_requires_every_type_known() -> None:
+    model = ir.load(DEMO)  # written without value_info for its intermediate values
+    with pytest.raises(ir.passes.PreconditionError, match=r"no known type.*ShapeInferencePass"):
+        MixedPrecisionPass(policy="always-f16")(model)
+    with pytest.raises(ir.passes.PassError) as caught:
+        ir.passes.PassManager([MixedPrecisionPass(policy="always-f16")])(model)
+    assert ir.passes.PreconditionError in _causes(caught.value)
+
+
+def _cast_mislabelled() -> ir.Model:
+    """A Cast (of a float16 input) to FLOAT whose output says FLOAT16: every type known, one
+    Cast disagrees; always-f32 leaves it as it is."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    graph = h.make_graph([h.make_node("Cast", ["x"], ["c"], to=T.FLOAT, name="cast"),
+                          h.make_node("Relu", ["c"], ["y"], name="relu")], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT16, [2])], [h.make_tensor_value_info("y", T.FLOAT16, [2])],
+                         value_info=[h.make_tensor_value_info("c", T.FLOAT16, [2])])
+    return ir.from_proto(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+
+
+def test_ensures_casts_agree_with_their_outputs() -> None:
+    with pytest.raises(ir.passes.PostconditionError, match=r"cast \(to=FLOAT, output c: FLOAT16\)"):
+        MixedPrecisionPass(policy="always-f32", check=False)(_cast_mislabelled())
+    with pytest.raises(ir.passes.PassError) as caught:
+        ir.passes.PassManager([MixedPrecisionPass(policy="always-f32", check=False)])(_cast_mislabelled())
+    assert ir.passes.PostconditionError in _causes(caught.value)
+
+
+def test_ensures_types_known() -> None:
+    """A postcondition that fails when a value ends without a type (a later pass, say)."""
+    model = _typed(ir.load(DEMO))
+    MixedPrecisionPass(policy="always-f16")(model)
+    next(iter(model.graph)).outputs[0].type = None
+    with pytest.raises(ir.passes.PostconditionError, match="no known type after the pass"):
+        MixedPrecisionPass(policy="always-f16").ensures(model)
+
+
+# ---- torch's dynamo exporter -----------------------------------------------------------------
+
+def test_a_dynamo_export() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'rlx-onnx-amp[export]')")
+    torch.manual_seed(24)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj, self.norm, self.out = torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.out(torch.relu(self.norm(self.proj(x)))), dim=-1)
+
+    module, x = Block().eval(), torch.randn(4, 16)
+    model = torch.onnx.export(module, (x,), dynamo=True, verbose=False).model
+    assert isinstance(model, ir.Model)
+    before = ir.to_proto(model)
+    result = ir.passes.PassManager([MixedPrecisionPass(policy="always-f16")])(model)
+    assert result.modified and result.model is model
+    ours = ir.to_proto(model)
+    assert _shape(ours) == _shape(rlx_onnx_amp.convert(before, "always-f16"))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in ours.graph.initializer)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(ours.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(got, module(x).detach().numpy(), atol=2e-3)
+
+
+# ---- external data -------------------------------------------------------------------------
+
+def test_external_data_is_read_and_written_a_tensor_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = write_external(HEALTHY["mlp_external"](), src_dir / "mlp.onnx")
+    model = _typed(ir.load(src))
+    assert any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = ir.passes.PassManager([MixedPrecisionPass(policy="always-f16", scratch_dir=scratch)])(model)
+    assert result.modified
+    # The narrowed weights wait in one scratch file, read back only when asked.
+    lazy = {n: v.const_value for n, v in model.graph.initializers.items() if isinstance(v.const_value, ir.LazyTensor)}
+    assert {"w1", "w2", "gather_table"} <= set(lazy)
+    assert [p.name for d in scratch.iterdir() for p in d.iterdir()] == ["weights.data"]
+    # A second run reads them from there as references, not serialized into memory, and changes nothing.
+    again = MixedPrecisionPass(policy="always-f16", scratch_dir=scratch)
+    with monkeypatch.context() as patched:
+        for method in ("tobytes", "numpy"):
+            patched.setattr(f"rlx_onnx_amp.ir._ScratchTensor.{method}", lambda self: pytest.fail(f"{self.name} read"))
+        assert again(model).modified is False and again.report.changed is False
+    assert all(model.graph.initializers[n].const_value is t for n, t in lazy.items())
+    out = tmp_path / "out" / "mlp.f16.onnx"
+    out.parent.mkdir()
+    ir.save(model, out, external_data="mlp.f16.onnx.data")
+    assert (out.parent / "mlp.f16.onnx.data").stat().st_size > 0
+    cli = tmp_path / "cli" / "mlp.f16.onnx"
+    cli.parent.mkdir()
+    typed_src = src_dir / "typed.onnx"
+    ir.save(_typed(ir.load(src)), typed_src, external_data="typed.onnx.data")
+    done = rlx(typed_src, "-p", "always-f16", "-o", cli, "--no-verify", "-q")
+    assert done.returncode == 0, done.stderr
+    assert _shape(onnx.load(str(out), load_external_data=False)) == _shape(onnx.load(str(cli), load_external_data=False))
+    ours, theirs = _weights(out), _weights(cli)
+    assert ours.keys() == theirs.keys()
+    assert all(ours[k].dtype == theirs[k].dtype and ours[k].tobytes() == theirs[k].tobytes() for k in ours)
+    onnx.checker.check_model(str(out), full_check=True)
+    # The scratch file lives as long as a tensor that reads it.
+    del model, result, lazy
+    gc.collect()
+    assert list(scratch.iterdir()) == []
+
+
+# ---- verification, opted in ----------------------------------------------------------------
+
+def test_verify_raises_a_postcondition_error_on_drift() -> None:
+    from rlx_onnx_amp.verification import VerifyOptions
+
+    model = _typed(ir.from_proto(BROKEN_IN_F16["exp_overflow"]().model))
+    before = ir.to_proto(model).SerializeToString()
+    with pytest.raises(ir.passes.PostconditionError, match=r"drifts past the tolerances .* on y; the model is left unchanged"):
+        MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"))(model)
+    assert ir.to_proto(model).SerializeToString() == before
+
+
+def test_verify_passes_a_healthy_model() -> None:
+    model = _typed(ir.from_proto(HEALTHY["transformer_block"]().model))
+    p = MixedPrecisionPass(policy="always-f16", verify=True)
+    assert p(model).modified
+    assert p.report.verify is not None and p.report.verify["passed"] is True
+
+
+# ---- the extra and the example -------------------------------------------------------------
+
+def test_without_onnx_ir_the_import_says_what_to_install() -> None:
+    code = "import sys; sys.modules['onnx_ir'] = None\nimport rlx_onnx_amp.ir"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 1
+    assert "ImportError: rlx_onnx_amp.ir needs onnx-ir" in done.stderr
+    assert "pip install 'rlx-onnx-amp[ir]'" in done.stderr
+
+
+def test_the_example_runs_as_written(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'rlx-onnx-amp[export]')")
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "ir_pass.py")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dynamo export: modified=True" in done.stdout
+    assert (tmp_path / "mlp.f16.onnx").exists() and (tmp_path / "mlp.f16.onnx.data").exists()
