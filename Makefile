@@ -5,7 +5,7 @@ BENCH_DATA ?= bench/data
 .PHONY: install demo lint test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
 
 install:
-	$(PYTHON) -m pip install -e ".[test,export]"
+	$(PYTHON) -m pip install -e ".[test,export,ir,olive]"
 
 demo:
 	rlx-amp fixtures/models/demo_transformer.onnx --policy auto-mixed -o demo_auto_mixed.onnx --verify --report-md demo_report.md

@@ -295,6 +295,7 @@ def main() -> None:
     rlx-amp verify REFERENCE CANDIDATE                 measure output drift
     rlx-amp merge-reports SHARD.json...                one summary from several runs' JSON reports
     rlx-amp demo [PATH]                                write the bundled demo model
+    rlx-amp olive-config                               Olive's package config with the RlxAmp pass
     """
 
 
@@ -605,6 +606,21 @@ def demo_cmd(path: str) -> None:
     def run() -> int:
         write_demo(path)
         click.echo(f"wrote {path}; try: rlx-amp {path} --policy auto-mixed -o demo_auto_mixed.onnx --verify")
+        return EXIT_OK
+
+    _run_guarded(run)
+
+
+@main.command("olive-config")
+def olive_config_cmd() -> None:
+    """Print Olive's package config with the RlxAmp pass added (olive run --package-config FILE)."""
+
+    def run() -> int:
+        try:
+            from rlx_onnx_amp.olive import package_config  # Olive, and torch behind it: only here
+        except ImportError as e:
+            raise InputError(f"olive-config: {first_line(e, 300)}") from None
+        click.echo(_json_text(package_config()), nl=False)
         return EXIT_OK
 
     _run_guarded(run)
