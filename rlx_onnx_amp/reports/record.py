@@ -1,4 +1,4 @@
-"""One model's result, typed: what its JSON report holds (README, "Conversion report" and
+"""One model's result, typed: what its JSON report holds (docs/reports.md, "Conversion report" and
 "Drift report keys"), as frozen records that every rendering takes (`text`, `html`, the JSON
 written by `--report-json`) and that `merge-reports` reads back.
 
