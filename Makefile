@@ -2,10 +2,10 @@ PYTHON ?= python3
 # Exported benchmark models (ignored by git); any directory with room for a 3.4 GB model.
 BENCH_DATA ?= bench/data
 
-.PHONY: install demo lint test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
+.PHONY: install demo lint docs test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
 
 install:
-	$(PYTHON) -m pip install -e ".[test,export,ir,olive]"
+	$(PYTHON) -m pip install -e ".[test,export,ir,olive,docs]"
 
 demo:
 	rlx-amp fixtures/models/demo_transformer.onnx --policy auto-mixed -o demo_auto_mixed.onnx --verify --report-md demo_report.md
@@ -15,22 +15,26 @@ lint:
 	$(PYTHON) -m ruff check rlx_onnx_amp tests
 	$(PYTHON) -m mypy
 
-test: lint
+# The documentation site (mkdocs.yml): a page left out of the navigation or a broken link fails it.
+docs:
+	$(PYTHON) -m mkdocs build --strict --quiet
+
+test: lint docs
 	$(PYTHON) -m pytest -q
 
-test-fast: lint
+test-fast: lint docs
 	$(PYTHON) -m pytest -q -m "not slow"
 
 fixtures:
 	$(PYTHON) fixtures/make_fixtures.py
 
-# README's report screenshot: the browser test's own pages, saved under docs/img.
+# The HTML report's screenshot (docs/reports.md): the browser test's own pages, saved under docs/img.
 .PHONY: report-screenshots
 report-screenshots:
 	RLX_AMP_ARTIFACTS=docs/img $(PYTHON) -m pytest -q tests/test_report_html.py -k "person and repaired"
 	rm -f docs/img/report-repaired-dark.png
 
-# Benchmarks (figures in README); they need `pip install onnxconverter-common` for the peers.
+# Benchmarks (figures in docs/benchmarks.md); they need `pip install onnxconverter-common` for the peers.
 bench-node-cases:
 	$(PYTHON) bench/onnx_node_cases.py
 
@@ -49,7 +53,7 @@ bench-repair:
 gpu-check:
 	$(PYTHON) bench/gpu_check.py
 
-# Mutation fuzzing of the CLI (figures in README): thousands of seeded mutants of the fixture
+# Mutation fuzzing of the CLI (figures in docs/benchmarks.md): thousands of seeded mutants of the fixture
 # models, a summary table per exit code and mutation kind, and the mutants that break the contract.
 FUZZ_SEED ?= 1
 FUZZ_COUNT ?= 3000

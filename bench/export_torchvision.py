@@ -3,7 +3,7 @@
     /work/tv-venv/bin/python bench/export_torchvision.py [OUT_DIR] [--models a,b,...]
 
 OUT_DIR defaults to /work/bench_data/torchvision. Run it with a Python that has torch,
-torchvision, onnx and onnxscript (the README's bench uses a separate venv:
+torchvision, onnx and onnxscript (docs/benchmarks.md's bench uses a separate venv:
 `python3 -m venv /work/tv-venv && /work/tv-venv/bin/pip install torch==2.14.1
 torchvision==0.29.1 onnx onnxscript`), not the package's own interpreter.
 

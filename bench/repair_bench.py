@@ -7,7 +7,7 @@ Models: bench/export_repair_models.py's ConvNeXt and GPT-2 (random weights, resc
 activations overflow float16; exported first when DATA_DIR/NAME/model.onnx is missing). By
 default both tools get DATA_DIR/NAME/model_inline.onnx, the export with its external data loaded
 into the file (the models are a few MB); --external benchmarks the exported model.onnx (+ .data)
-as it is (the README's figures come from an --external run).
+as it is (docs/benchmarks.md's figures come from an --external run).
 
 Per model, one fixed input set is drawn (numpy default_rng(0): float inputs uniform in [-1, 1],
 input_ids uniform in [0, vocab)) and saved as DATA_DIR/NAME/feeds.npz. Then, each in its own

@@ -49,7 +49,15 @@ from rlx_onnx_amp.exits import (
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
-from rlx_onnx_amp.reports.record import Conversion, Failure, ModelResult, Repair, Verification, batch_json
+from rlx_onnx_amp.reports.record import (
+    Conversion,
+    Failure,
+    ModelResult,
+    Repair,
+    Verification,
+    batch_json,
+    report_document,
+)
 from rlx_onnx_amp.reports.text import (
     conversion_markdown,
     conversion_table,
@@ -256,7 +264,7 @@ class RunResults:
         return worst_exit_code([r.exit_code for r in self.results])
 
     def json(self, batch: bool) -> dict[str, Any]:
-        return batch_json(self.results, self.exit_code) if batch else self.results[0].to_json()
+        return batch_json(self.results, self.exit_code) if batch else report_document(self.results[0].to_json())
 
     def markdown(self) -> str:
         failed = any(r.failure is not None for r in self.results)

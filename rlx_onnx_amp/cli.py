@@ -51,7 +51,7 @@ from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
-from rlx_onnx_amp.reports.record import ModelResult, Verification
+from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document
 from rlx_onnx_amp.reports.text import (
     compare_policies_table,
     failed_verdict,
@@ -556,7 +556,7 @@ def verify_cmd(
             elif not result.passed:  # -q still says that something failed, in one line
                 click.echo(failed_verdict(result))
             if report_json:
-                outputs.write_text(report_json, _json_text({"verify": result.to_json()}))
+                outputs.write_text(report_json, _json_text(report_document({"verify": result.to_json()})))
             if report_md:
                 outputs.write_text(report_md, verify_markdown([ModelResult(verify=result)]))
             if report_html:

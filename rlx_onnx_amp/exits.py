@@ -1,6 +1,6 @@
 """How a run ends: its exit codes, its one-line error, and what SIGINT and SIGTERM do to it.
 
-Exit codes (README's table): 0 success; 1 drift over tolerance (models and reports are
+Exit codes (docs/cli.md's table): 0 success; 1 drift over tolerance (models and reports are
 written); 2 bad usage or input and 3 a model onnxruntime cannot run (one line on stderr,
 nothing written); 4 converted and written, not verified (the reference could not run on the
 inputs a default verification uses); 70 an internal error, a bug (its traceback, then one

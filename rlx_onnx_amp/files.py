@@ -1,6 +1,6 @@
 """Files are sacred: the paths a run reads and writes, and how outputs reach the disk.
 
-The rules (README, "Files"):
+The rules (docs/files.md):
 
 - **Paths are planned.** Every path a run will read (models, their external data, input files,
   map files) and write (models, data files, reports, saved inputs) is resolved, links followed,

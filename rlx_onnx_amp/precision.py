@@ -58,7 +58,7 @@ class PrecisionInfo:
     unit_roundoff: float  # half the machine epsilon: the largest relative error of rounding a normal number
     bits: np.dtype  # the unsigned integer type of the same width: its bit patterns
     magnitude_mask: int  # every bit but the sign: bits & mask == 0 exactly for +0 and -0
-    # Default drift tolerances for a candidate computed at this precision (see README).
+    # Default drift tolerances for a candidate computed at this precision (docs/verification.md, "Pass criterion").
     atol: float
     rtol_of_max: float  # times max|reference| (see verify.metrics)
     min_cosine: float

@@ -1,7 +1,7 @@
 """The HTML reports the browser test renders, and a headless Chromium to look at them.
 
 `make report-screenshots` runs the browser test with RLX_AMP_ARTIFACTS=docs/img, which is how
-README's screenshot is made: the same commands, the same browser.
+docs/reports.md's screenshot is made: the same commands, the same browser.
 
     CASES[name] = (fixture, rlx-amp arguments after MODEL, expected exit code)
 """

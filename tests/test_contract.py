@@ -1,5 +1,5 @@
 """Every promise holds (issue 12): the command line's contract, the reports' one row model, the
-Python API, and README's flags and example."""
+Python API, and the rules the code cites (the docs' own checks: tests/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -222,39 +222,8 @@ def test_api_takes_the_same_options_everywhere(tmp_path: Path) -> None:
     assert not (tmp_path / "p.onnx").exists()
 
 
-# ---- README ------------------------------------------------------------------------------
-
-def _cli_flags() -> set[str]:
-    import click
-
-    from rlx_onnx_amp.cli import main
-
-    flags: set[str] = set()
-    for command in main.commands.values():
-        for param in command.params:
-            if isinstance(param, click.Option):
-                flags.update(param.opts + param.secondary_opts)
-    return flags
-
-
-def test_every_flag_in_readme_is_accepted() -> None:
-    readme = (REPO / "README.md").read_text()
-    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", readme))
-    pip_and_pytest = {"--external", "--minimality", "--nodes", "--model", "--peers-max-nodes", "--peer-timeout",
-                      "--contenders", "--no-deps", "--target", "--index", "--workdir", "--keep", "--seed", "--models",
-                      "--budget", "--baseline-rev", "--rounds", "--repeats", "--repeat", "--node-cases",
-                      "--emulation", "--task"}  # --task: optimum-cli's, in the export recipe
-    unknown = sorted(named - _cli_flags() - pip_and_pytest)
-    assert not unknown, f"README names flags the CLI does not accept: {unknown}"
-
-
-def test_readme_python_example_runs_as_written(tmp_path: Path) -> None:
-    readme = (REPO / "README.md").read_text()
-    (example,) = re.findall(r"## Python API\n.*?```python\n(.*?)```", readme, re.S)
-    result = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "True" in result.stdout  # the example verifies what it wrote, and it passes
-
+# ---- docs ----------------------------------------------------------------------------------
+# (README's and the docs pages' own checks are in tests/test_docs.py.)
 
 def test_design_rules_cited_in_code_exist() -> None:
     design = (REPO / "docs" / "design.md").read_text()

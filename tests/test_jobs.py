@@ -154,7 +154,7 @@ def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path
 
 
 def test_shards_merged_equal_one_batch(tmp_path: Path) -> None:
-    """README's CI recipe, run locally: the batch split into two shards (each its own run and
+    """docs/recipes.md's sharded CI recipe, run locally: the batch split into two shards (each its own run and
     JSON report), merged, gives the models, failures and exit code of one run over the whole
     batch; the Markdown summary names every model."""
     models = _batch(tmp_path)

@@ -73,7 +73,7 @@ def test_sdist_carries_its_tests_and_they_pass_from_it(dist: dict[str, Path], tm
                    "rlx_onnx_amp/py.typed"):
         assert (root / needed).is_file(), needed
     # The unpacked sdist's own package runs its own tests (its root comes first on the path): the
-    # CLI's and the README's, which need the fixtures, the demo and the docs it ships. The whole
+    # CLI's and the docs', which need the fixtures, the demo and the docs it ships. The whole
     # suite is the checkout's; running it a second time from here proved nothing more.
     result = _run_isolated(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                             "tests/test_cli.py", "tests/test_contract.py"], [root, SITE], root)

@@ -29,7 +29,7 @@ def _save(tmp_path: Path, name: str) -> Path:
 
 
 def _best(history: list[dict]) -> dict:
-    """The README's rule: passing beats failing; then fewest kept, lowest score, earliest."""
+    """The rule of docs/verification.md (Auto-repair): passing beats failing; then fewest kept, lowest score, earliest."""
     return min(history, key=lambda h: (0, h["kept"], h["score"], h["evaluation"]) if h["passed"] else (1, 0, h["score"], h["evaluation"]))
 
 

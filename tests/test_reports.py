@@ -98,7 +98,9 @@ def test_merge_reports_reads_back_the_results_each_report_holds(tmp_path: Path) 
     assert batch[1].failure.model == str(tmp_path / "broken.onnx")
     assert repair[0].repair is not None and repair[0].repair.passed
     assert verified[0].conversion is None and verified[0].verify is not None and verified[0].verify.passed
-    assert _text({"verify": verified[0].verify.to_json()}) == (tmp_path / "verify.json").read_text()
+    assert _text({"schema_version": 1, "verify": verified[0].verify.to_json()}) == (tmp_path / "verify.json").read_text()
+    for shard in shards:  # every report file the command line writes starts with its layout's version
+        assert next(iter(json.loads(shard.read_text()))) == "schema_version"
     merged = merge_reports(shards)
     assert merged.results == (*batch, *repair, *verified) and merged.exit_code == 2
     assert _cli("merge-reports", *shards, "--report-json", tmp_path / "merged.json", "-q")[0] == 2
@@ -108,6 +110,23 @@ def test_merge_reports_reads_back_the_results_each_report_holds(tmp_path: Path) 
     written = json.loads((tmp_path / "merged.json").read_text())
     assert written["models"][-1] == {"model": str(tmp_path / "good.onnx"), "output": str(tmp_path / "out" / "good.onnx"),
                                      "verify": json.loads((tmp_path / "verify.json").read_text())["verify"]}
+
+
+def test_merge_reports_reads_reports_written_before_schema_version(tmp_path: Path) -> None:
+    """A report without `schema_version` (written before the key existed) merges as version 1;
+    a version this rlx-amp does not know is refused in one line (exit 2)."""
+    good = tmp_path / "good.onnx"
+    onnx.save(HEALTHY["conv_net"]().model, str(good))
+    assert _cli(good, "-o", tmp_path / "good16.onnx", "--provider", "cpu", "-q", "--report-json", tmp_path / "new.json")[0] == 0
+    data = json.loads((tmp_path / "new.json").read_text())
+    assert data.pop("schema_version") == 1
+    (tmp_path / "old.json").write_text(_text(data))
+    assert read_report(tmp_path / "old.json") == read_report(tmp_path / "new.json")
+    assert merge_reports([tmp_path / "old.json"]).to_json()["schema_version"] == 1
+    (tmp_path / "future.json").write_text(_text({"schema_version": 2, **data}))
+    code, err = _cli("merge-reports", tmp_path / "new.json", tmp_path / "future.json", "-q")
+    assert code == 2 and err.strip() == (f"rlx-amp: error: {tmp_path / 'future.json'}: report schema_version 2 is not 1, "
+                                         "the one this rlx-amp reads")
 
 
 def test_merge_reports_refuses_a_report_that_is_not_one_in_one_line(tmp_path: Path) -> None:

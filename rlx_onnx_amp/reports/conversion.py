@@ -1,4 +1,4 @@
-"""The conversion report: what the rewrite did, as data with stable JSON keys (see README)."""
+"""The conversion report: what the rewrite did, as data with stable JSON keys (docs/reports.md)."""
 
 from __future__ import annotations
 

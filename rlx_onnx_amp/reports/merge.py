@@ -3,8 +3,9 @@ model zoo spread over CI jobs), with the worst exit code of all.
 
 Each input is what `--report-json` wrote: a batch report (`{"models", "failed", "passed",
 "exit_code"}`), a single conversion report (with `verify` when verified), or a `verify`
-command's report (`{"verify": ...}`). The merged report is a batch report over every model of
-every shard, in the order the files are given, plus `shards` (the files merged).
+command's report (`{"verify": ...}`), each with its `schema_version` (docs/reports.md) or, as
+written before that key existed, without it. The merged report is a batch report over every
+model of every shard, in the order the files are given, plus `shards` (the files merged).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.exits import EXIT_OK, worst_exit_code
-from rlx_onnx_amp.reports.record import Failure, ModelResult, RecordError, Verification, batch_json
+from rlx_onnx_amp.reports.record import SCHEMA_VERSION, Failure, ModelResult, RecordError, Verification, batch_json
 
 __all__ = ["MergedReport", "merge_reports", "merged_markdown", "read_report"]
 
@@ -33,6 +34,11 @@ def read_report(path: str | Path) -> list[ModelResult]:
         raise InputError(f"{p}: not a JSON report ({e})") from None
     if not isinstance(data, dict):
         raise InputError(f"{p}: not an rlx-amp report (a JSON object was expected)")
+    version = data.pop("schema_version", SCHEMA_VERSION)  # absent: written before the key existed
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise InputError(
+            f"{p}: report schema_version {version!r:.20} is not {SCHEMA_VERSION}, the one this rlx-amp reads"
+        )
     try:
         if "models" in data and "failed" in data:
             return [*map(ModelResult.from_json, _entries(data, "models")), *map(_failure, _entries(data, "failed"))]

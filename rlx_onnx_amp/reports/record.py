@@ -1,4 +1,4 @@
-"""One model's result, typed: what its JSON report holds (README, "Conversion report" and
+"""One model's result, typed: what its JSON report holds (docs/reports.md, "Conversion report" and
 "Drift report keys"), as frozen records that every rendering takes (`text`, `html`, the JSON
 written by `--report-json`) and that `merge-reports` reads back.
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.verification.core import VerifyReport
 
 __all__ = [
+    "SCHEMA_VERSION",
     "Conversion",
     "Distribution",
     "Failure",
@@ -47,6 +48,7 @@ __all__ = [
     "TracePoint",
     "Verification",
     "batch_json",
+    "report_document",
 ]
 
 
@@ -486,12 +488,23 @@ class ModelResult:
         )
 
 
+#: The layout of the JSON reports: the top-level `schema_version` of every report file the
+#: command line writes (docs/reports.md). A report without the key was written before it existed,
+#: and reads as version 1.
+SCHEMA_VERSION = 1
+
+
+def report_document(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` as a report file holds it: `schema_version` first, then its own keys."""
+    return {"schema_version": SCHEMA_VERSION, **data}
+
+
 def batch_json(results: Sequence[ModelResult], exit_code: int) -> dict[str, Any]:
     """A batch report: its models' entries and its failures, each in input order, and how the
     batch ended."""
-    return {
+    return report_document({
         "models": [r.to_json() for r in results if r.failure is None],
         "failed": [r.failure.to_json() for r in results if r.failure is not None],
         "passed": exit_code == EXIT_OK,
         "exit_code": exit_code,
-    }
+    })

@@ -278,7 +278,7 @@ def verify(
     outputs: OutputSet | None = None,
     prepared: Reference | None = None,
 ) -> VerifyReport:
-    """Compare `candidate` against `reference` on the same inputs (see README, Verification).
+    """Compare `candidate` against `reference` on the same inputs (docs/verification.md).
 
     `candidate_label` names the candidate in the report (a staged model is verified before it
     is moved to its final path). `--save-inputs` is staged into `outputs` when given (the

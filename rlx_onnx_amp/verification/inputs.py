@@ -1,6 +1,6 @@
 """Inputs for a verification run: the user's files, or seeded synthesis from the model.
 
-Synthesis rules (README "Verification inputs"):
+Synthesis rules (docs/verification.md, "Inputs"):
 - symbolic dimensions come from `--shape NAME:1x128`; otherwise the first axis gets 1 and every
   other symbolic axis gets `DEFAULT_DIM`. A `dim_value` below 0 (Paddle writes -1) is symbolic,
   as onnxruntime reads it; a `dim_value` of 0 is a fixed, empty axis (onnxruntime runs such an

@@ -1,4 +1,4 @@
-"""Drift metrics of one output, and the pass criterion (README, "Pass criterion"), judged
+"""Drift metrics of one output, and the pass criterion (docs/verification.md, "Pass criterion"), judged
 against the output's `tolerance.Tolerance`.
 """
 
