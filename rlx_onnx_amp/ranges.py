@@ -167,11 +167,11 @@ class NumericFacts:
             for path, graph in self._graphs:
                 for init in graph.initializer:
                     if init.data_type == _F32:
-                        table[scoped_name(path, init.name)] = init
-                        self._scope_of[scoped_name(path, init.name)] = path
+                        key = scoped_name(path, init.name)
+                        table[key], self._scope_of[key] = init, path
             for path, node in self._sources:
-                table[scoped_name(path, node.output[0])] = node
-                self._scope_of[scoped_name(path, node.output[0])] = path
+                key = scoped_name(path, node.output[0])
+                table[key], self._scope_of[key] = node, path
             self._weights = table
         return self._weights
 

@@ -124,21 +124,14 @@ def scoped_graphs(graph: GraphProto, fields: NodeFields | None = None) -> list[t
     3), outer graphs first: the keys of `model_types`. `fields`: `graph`'s nodes already read."""
     found = []
 
-    def walk(g: GraphProto, scope: str) -> None:
+    def walk(g: GraphProto, scope: str, holders: Iterable[int]) -> None:
         found.append((scope, g))
-        for i, node in enumerate(g.node):
-            for key, body in subgraphs(node):
-                walk(body, f"{scope}{i}/{key}/")
-
-    if fields is None:
-        walk(graph, "")
-        return found
-    found.append(("", graph))
-    nodes = graph.node
-    for i, op in enumerate(fields.ops):
-        if op in GRAPH_OPS or fields.domains[i] not in DEFAULT_DOMAINS:
+        nodes = g.node
+        for i in holders:
             for key, body in subgraphs(nodes[i]):
-                walk(body, f"{i}/{key}/")
+                walk(body, f"{scope}{i}/{key}/", range(len(body.node)))
+
+    walk(graph, "", fields.body_holders() if fields is not None else range(len(graph.node)))
     return found
 
 
@@ -220,6 +213,12 @@ class NodeFields(NamedTuple):
         ops, domains = [n.op_type for n in nodes], [n.domain for n in nodes]
         return cls(ops, domains, [n.input[:] for n in nodes], [n.output[:] for n in nodes])
 
+    def body_holders(self) -> list[int]:
+        """The indices of the nodes that may hold graphs (`subgraphs` reads their attributes):
+        of the default domain's ops only GRAPH_OPS do, any other domain's op may."""
+        domains = self.domains
+        return [i for i, op in enumerate(self.ops) if op in GRAPH_OPS or domains[i] not in DEFAULT_DOMAINS]
+
 
 def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), fields: NodeFields | None = None) -> int:
     """Put `graph`'s nodes (and its bodies', at any depth) in an order where each node comes
@@ -232,25 +231,23 @@ def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), f
     `fields`: the graph's nodes already read (`NodeFields`)."""
     defined = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     nodes = list(graph.node)
-    ops, domains, inputs, outputs = fields if fields is not None else NodeFields.read(graph)
+    read = fields if fields is not None else NodeFields.read(graph)
     reordered = 0
     known = set(defined)
     in_order = True
-    holds_bodies = GRAPH_OPS  # of the default domain's ops, only these hold graphs
-    for i, outs in enumerate(outputs):  # the common case, in order: one pass of C-level set checks
+    ops, domains, inputs = read.ops, read.domains, read.inputs
+    for i, outs in enumerate(read.outputs):  # the common case, in order: one pass of C-level set checks
         if in_order:
-            plain = ops[i] not in holds_bodies and domains[i] in DEFAULT_DOMAINS
+            plain = ops[i] not in GRAPH_OPS and domains[i] in DEFAULT_DOMAINS
             in_order = known.issuperset(inputs[i] if plain else _reads(nodes[i]))
         known.update(outs)
     if not in_order and _sort_nodes(graph, nodes, defined):
         reordered += 1
-        nodes = list(graph.node)
-        ops, domains = [n.op_type for n in nodes], [n.domain for n in nodes]
+        nodes, read = list(graph.node), NodeFields.read(graph)
     names = frozenset(known)
-    for i, op in enumerate(ops):
-        if op in holds_bodies or domains[i] not in DEFAULT_DOMAINS:
-            for _, body in subgraphs(nodes[i]):
-                reordered += sort_topologically(body, names)
+    for i in read.body_holders():
+        for _, body in subgraphs(nodes[i]):
+            reordered += sort_topologically(body, names)
     return reordered
 
 

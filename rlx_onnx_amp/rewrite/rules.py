@@ -345,7 +345,7 @@ RULES_BY_CODE = {r.code: r for r in KEEP_RULES}
 #: nothing to lower) are silent, and only `ConversionReport.why_not_keepable` names them.
 REASON_CODES: dict[str, str] = {r.code: r.summary for r in KEEP_RULES}
 RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
-#: The rules `RuleContext._outcome` applies; the per-node ones are applied over the template cache.
+#: The rules `decide.DecidePass._outcome` applies; the per-node ones are applied over the template cache.
 NODE_INDEPENDENT_RULES = tuple(r for r in KEEP_RULES if not r.per_node)
 PER_NODE_RULES = tuple(r for r in KEEP_RULES if r.per_node)
 #: A node decided by one of the rules past this index, or lowered, is one a user keep can return to f32.
