@@ -60,23 +60,6 @@ class VerifyReport:
         """The checks every output was judged by, in words."""
         return self.tolerance.criterion
 
-    # Each criterion's table ("" the global value, then each output's own), as renderers read it.
-    @property
-    def atol(self) -> dict[str, float | None]:
-        return self.tolerance.table("atol")
-
-    @property
-    def rtol_of_max(self) -> dict[str, float | None]:
-        return self.tolerance.table("rtol_of_max")
-
-    @property
-    def rtol(self) -> dict[str, float | None]:
-        return self.tolerance.table("rtol")
-
-    @property
-    def min_cosine(self) -> dict[str, float | None]:
-        return self.tolerance.table("min_cosine")
-
     @property
     def constant_outputs(self) -> dict[str, float]:
         """Outputs whose reference holds one value everywhere: a pass there proves little."""
