@@ -33,6 +33,7 @@ __all__ = [
     "convert_file",
     "load_model",
     "make_options",
+    "options_from",
     "plan_model_reads",
     "resolve_policy",
     "stage_conversion",
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 # a protobuf cannot hold 2 GiB.
 EXTERNAL_THRESHOLD = 1_800_000_000
 #: What one protobuf can hold, and so what onnx's checker and onnxruntime read from memory.
-_PROTOBUF_LIMIT = 2**31
+PROTOBUF_LIMIT = 2**31
 
 
 #: A custom policy's kind map: kinds and precisions as enums or as the CLI spells them.
@@ -60,7 +61,8 @@ def resolve_policy(policy: Policy | str, kind_map: KindMap | None = None) -> Pol
     return policy_from_name(policy, kind_map_from(kind_map) if kind_map is not None else None)
 
 
-def _options(options: ConvertOptions | None, option_kwargs: Mapping[str, Any]) -> ConvertOptions:
+def options_from(options: ConvertOptions | None, option_kwargs: Mapping[str, Any]) -> ConvertOptions:
+    """The options of a call that takes `options=` or `make_options`'s keywords, not both."""
     if options is not None and option_kwargs:
         raise TypeError("give options= or option keywords, not both")
     return options or make_options(**option_kwargs)
@@ -198,7 +200,7 @@ def convert(
     rule range-screen).
     """
     resolved = resolve_policy(policy, kind_map)
-    opts = _options(options, option_kwargs)
+    opts = options_from(options, option_kwargs)
     if isinstance(model, ModelProto):
         work = ModelProto()
         work.CopyFrom(model)
@@ -211,7 +213,7 @@ def convert(
     report = report if report is not None else ConversionReport()
     report.model = report.model or name
     convert_model(work, resolved, opts, source=source, sink=WeightSink(), report=report)
-    if check and work.ByteSize() < _PROTOBUF_LIMIT:
+    if check and work.ByteSize() < PROTOBUF_LIMIT:
         prove(work, model, report, name, name)  # a path: checked, and loaded, from its file
     elif check:
         logger.info("%s: %d bytes in memory, past what the checker reads: not checked", name, work.ByteSize())
@@ -248,7 +250,7 @@ def convert_file(
             paths,
             policy,
             kind_map=kind_map,
-            options=_options(options, option_kwargs),
+            options=options_from(options, option_kwargs),
             data_name=data_name,
             check=check,
             report=report,

@@ -43,7 +43,15 @@ except ImportError as e:  # the extra is not installed
         f"rlx_onnx_amp.ir needs onnx-ir ({e}): pip install 'rlx-onnx-amp[ir]'", name=e.name, path=e.path
     ) from e
 
-from rlx_onnx_amp.api import KindMap, checker_failure, make_options, prove, resolve_policy
+from rlx_onnx_amp.api import (
+    EXTERNAL_THRESHOLD,
+    PROTOBUF_LIMIT,
+    KindMap,
+    checker_failure,
+    options_from,
+    prove,
+    resolve_policy,
+)
 from rlx_onnx_amp.errors import AmpError
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.reports.conversion import ConversionReport
@@ -52,11 +60,6 @@ from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource
 
 __all__ = ["MixedPrecisionPass"]
 
-#: A converted model of more weight bytes than this keeps them in a scratch file even when
-#: they came from memory (the same threshold as `api.convert_file`'s for external data).
-_SCRATCH_THRESHOLD = 1_800_000_000
-#: What the checker can read from memory.
-_PROTOBUF_LIMIT = 2**31
 
 
 class MixedPrecisionPass(ir_passes.InPlacePass):
@@ -93,10 +96,8 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         **option_kwargs: Any,
     ) -> None:
         super().__init__()
-        if options is not None and option_kwargs:
-            raise TypeError("give options= or option keywords, not both")
         self.policy = resolve_policy(policy, kind_map)
-        self.options = options if options is not None else make_options(**option_kwargs)
+        self.options = options_from(options, option_kwargs)
         self.check = check
         self.verify = verify
         self.verify_options = verify_options
@@ -147,7 +148,7 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
                 put_back()
         source = WeightSource(base_dir, name)
         scratch = None
-        if base_dir is not None or sum(_nbytes(t) for t in _tensors(model.graph)) > _SCRATCH_THRESHOLD:
+        if base_dir is not None or sum(_nbytes(t) for t in _tensors(model.graph)) > EXTERNAL_THRESHOLD:
             scratch = _Scratch(self.scratch_dir)
         sink = WeightSink() if scratch is None else ExternalSink(scratch.path, scratch.location, scratch=True)
         try:
@@ -180,7 +181,7 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             if found is not None:  # the input's weights are elsewhere: the checker cannot tell whose fault
                 raise AmpError(f"{report.model}: the converted model fails onnx.checker ({found}); check=False skips")
             report.proof = "onnx.checker"
-        elif proto.ByteSize() < _PROTOBUF_LIMIT:
+        elif proto.ByteSize() < PROTOBUF_LIMIT:
             if checker_failure(proto) is None:
                 report.proof = "onnx.checker"
             else:  # the input, serialized again only now, tells whose fault it is
