@@ -51,7 +51,7 @@ from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
-from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document
+from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document, report_text
 from rlx_onnx_amp.reports.text import (
     compare_policies_table,
     failed_verdict,
@@ -250,9 +250,6 @@ def _make_verify_options(
     return options
 
 
-def _json_text(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2, default=str) + "\n"
-
 
 def _plan_reports(
     paths: RunPaths,
@@ -436,7 +433,7 @@ def convert_cmd(
                 results = [job.convert_own(src, dst) for src, dst in zip(models, targets)]
             run_results = RunResults(tuple(results), verifying)
             if report_json:
-                outputs.write_text(report_json, _json_text(run_results.json(batch)))
+                outputs.write_text(report_json, report_text(run_results.json(batch)))
             if report_md:
                 outputs.write_text(report_md, run_results.markdown())
             if report_html:
@@ -556,7 +553,7 @@ def verify_cmd(
             elif not result.passed:  # -q still says that something failed, in one line
                 click.echo(failed_verdict(result))
             if report_json:
-                outputs.write_text(report_json, _json_text(report_document({"verify": result.to_json()})))
+                outputs.write_text(report_json, report_text(report_document({"verify": result.to_json()})))
             if report_md:
                 outputs.write_text(report_md, verify_markdown([ModelResult(verify=result)]))
             if report_html:
@@ -587,7 +584,7 @@ def merge_reports_cmd(reports: Sequence[str], report_json: str | None, report_md
         markdown = merged_markdown(merged)
         with OutputSet(paths.protected()) as outputs:
             if report_json:
-                outputs.write_text(report_json, _json_text(merged.to_json()))
+                outputs.write_text(report_json, report_text(merged.to_json()))
             if report_md:
                 outputs.write_text(report_md, markdown)
             outputs.commit()
@@ -620,7 +617,7 @@ def olive_config_cmd() -> None:
             from rlx_onnx_amp.olive import package_config  # Olive, and torch behind it: only here
         except ImportError as e:
             raise InputError(f"olive-config: {first_line(e, 300)}") from None
-        click.echo(_json_text(package_config()), nl=False)
+        click.echo(json.dumps(package_config(), indent=2))
         return EXIT_OK
 
     _run_guarded(run)

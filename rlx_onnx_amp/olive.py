@@ -47,7 +47,7 @@ from rlx_onnx_amp.errors import AmpError
 from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, EXIT_UNVERIFIED
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
-from rlx_onnx_amp.reports.record import ModelResult
+from rlx_onnx_amp.reports.record import ModelResult, report_text
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions, resolve_provider
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
@@ -226,10 +226,6 @@ def _verify_options(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) 
     return options
 
 
-def _json_text(data: dict[str, Any]) -> str:
-    """The report as `--report-json` writes it."""
-    return json.dumps(data, indent=2, default=str) + "\n"
-
 
 def _convert(src: str, dst: Path, values: dict[str, Any]) -> tuple[ModelResult, dict[str, Any]]:
     """Convert (verify, repair) `src` to `dst` as the convert command does; on drift nothing
@@ -257,12 +253,12 @@ def _convert(src: str, dst: Path, values: dict[str, Any]) -> tuple[ModelResult, 
                 f"1.8 GB of weights); {src} has none, so the output is one file: drop the option"
             )
         if result.exit_code == EXIT_DRIFT:
-            report_path.write_text(_json_text(report), encoding="utf-8")
+            report_path.write_text(report_text(report), encoding="utf-8")
             verdict = "repair ran out of budget" if settings.repair else "drift over tolerance"
             raise RlxAmpVerificationFailed(
                 f"RlxAmp: {src}: {verdict}; no model written (drift report: {report_path})", report_path, report
             )
-        outputs.write_text(report_path, _json_text(report))
+        outputs.write_text(report_path, report_text(report))
         outputs.commit()
     return result, report  # unverified (exit 4): the job's warning is in the log, `unverified` in the report
 

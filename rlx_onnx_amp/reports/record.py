@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import numbers
 import types
 import typing
@@ -49,6 +50,7 @@ __all__ = [
     "Verification",
     "batch_json",
     "report_document",
+    "report_text",
 ]
 
 
@@ -497,6 +499,11 @@ SCHEMA_VERSION = 1
 def report_document(data: Mapping[str, Any]) -> dict[str, Any]:
     """`data` as a report file holds it: `schema_version` first, then its own keys."""
     return {"schema_version": SCHEMA_VERSION, **data}
+
+
+def report_text(data: Mapping[str, Any]) -> str:
+    """A JSON report as a report file holds it (`--report-json`, Olive's report file)."""
+    return json.dumps(data, indent=2, default=str) + "\n"
 
 
 def batch_json(results: Sequence[ModelResult], exit_code: int) -> dict[str, Any]:
