@@ -26,6 +26,7 @@ drift past the tolerances raises `onnx_ir.passes.PostconditionError`, the model 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -69,7 +70,8 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
     (for "custom"), `options` or the option keywords of `make_options` (keep_io_types,
     keep_f32_ops, keep_f32_nodes, keep_f32_paths, target, shapes, cost, value_ranges), and
     `check` (prove the result with onnx's checker, as the CLI does). Bad options fail here,
-    when the pass is made. `report` after a call is that call's `ConversionReport`.
+    when the pass is made. `report` after a call is that call's `ConversionReport`; a report
+    given as `report=` (as to `convert`) is filled with it, each call replacing the last's.
 
     requires: every value of the model (subgraphs included) has a known type; run
     `onnx_ir.passes.common.ShapeInferencePass` first on a model that lacks them.
@@ -93,16 +95,18 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         verify: bool = False,
         verify_options: Any = None,
         scratch_dir: str | os.PathLike[str] | None = None,
+        report: ConversionReport | None = None,
         **option_kwargs: Any,
     ) -> None:
         super().__init__()
+        self._report_to = report
         self.policy = resolve_policy(policy, kind_map)
         self.options = options_from(options, option_kwargs)
         self.check = check
         self.verify = verify
         self.verify_options = verify_options
         self.scratch_dir = scratch_dir
-        self.report = ConversionReport()
+        self.report = report if report is not None else ConversionReport()
 
     # ---- the contract ----------------------------------------------------------------------
 
@@ -137,6 +141,16 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
     def call(self, model: ir.Model) -> ir_passes.PassResult:
         name = model.graph.name or "model"
         self.report = report = ConversionReport(model=name)
+        try:
+            return self._rewrite(model, report)
+        finally:
+            if self._report_to is not None:  # `report=`, as `convert` fills it: this call's report
+                for f in dataclasses.fields(report):
+                    setattr(self._report_to, f.name, getattr(report, f.name))
+                self.report = self._report_to
+
+    def _rewrite(self, model: ir.Model, report: ConversionReport) -> ir_passes.PassResult:
+        name = report.model
         base_dir = _weights_dir(model)
         # External weights stay references (a weight an earlier run left in its scratch file
         # too); weights in memory are copied once.

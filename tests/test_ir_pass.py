@@ -111,6 +111,23 @@ def test_keywords_are_converts(tmp_path: Path) -> None:
     assert model.graph.inputs[0].dtype == ir.DataType.FLOAT16  # keep_io_types=False
 
 
+def test_report_keyword_is_converts() -> None:
+    """`report=` receives the conversion report as `convert`'s does; a second call replaces the
+    first's (its counts are not added to them)."""
+    from rlx_onnx_amp.reports.conversion import ConversionReport
+
+    report, expected = ConversionReport(), ConversionReport()
+    model = _typed(ir.load(DEMO))
+    rlx_onnx_amp.convert(ir.to_proto(model), "always-f16", report=expected)
+    p = MixedPrecisionPass(policy="always-f16", report=report)
+    assert p.report is report
+    p(model)
+    assert p.report is report and report.changed and report.casts_inserted == expected.casts_inserted > 0
+    assert report.by_op == expected.by_op and report.nodes_total == expected.nodes_total
+    p(_typed(ir.load(DEMO)))  # a second model: the report is its alone
+    assert report.nodes_total == expected.nodes_total and report.casts_inserted == expected.casts_inserted
+
+
 # ---- the contract --------------------------------------------------------------------------
 
 def test_requires_every_type_known() -> None:
