@@ -392,12 +392,15 @@ def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) 
             while len(results) in done:  # in input order, as soon as the next one is there
                 results.append(_take(done.pop(len(results))))
         pool.close()
+        # Inside the try: a signal while the workers wind down stops them under the watch too.
+        # Left to the interpreter's exit, the pool's own terminate waits for ever on a worker
+        # blocked on the task queue's lock.
+        pool.join()
     except BaseException:
         with StopWatch(worker_pids):
             pool.terminate()  # SIGTERM to every worker, then waits for each
+            pool.join()
         raise
-    finally:
-        pool.join()
     return results
 
 
