@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -14,14 +15,15 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
-from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writable, content_data_name
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.proof import SEPARATE_CHECK_NODES, CheckerRun, checker_failure, prove
 from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.reports.conversion import ConversionReport
-from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
+from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, rewrite_model
 from rlx_onnx_amp.taxonomy import OpKind
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes
 from rlx_onnx_amp.types import all_tensors
@@ -316,35 +318,47 @@ def stage_conversion(
             progress(done, total)
 
     try:
-        try:
-            convert_model(
-                model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report, progress=step
-            )
-        finally:
-            sink.close()
-        data_names: list[str] = []
-        if isinstance(sink, ExternalSink) and sink.bytes_written:
-            name = data_name or content_data_name(dst.name, sink.digest())
-            sink.relocate(name)
-            os.replace(sink.path, outputs.stage(dst.parent / name, OutputSet.DATA))
-            data_names.append(name)
-        elif isinstance(sink, ExternalSink):
-            sink.path.unlink()
-        # Tensors already point at the data file: serialize directly (onnx.save would walk
-        # every tensor again looking for external data to write).
-        try:
-            serialized = model.SerializeToString()
-        except ValueError as e:
-            raise InputError(f"{dst}: cannot write output ({e})") from None
-        with open(staged_model, "wb") as f:
-            f.write(serialized)
-            f.flush()
-            os.fsync(f.fileno())
-        # The checker parses the written file again: free this copy of the graph first, so
-        # the two are never in memory together (a tensor reference keeps the whole model alive).
-        del model, tensors, serialized, sink
-        if check:
-            _check(staged_model, src, dst, report)
+        with contextlib.ExitStack() as running:
+            # A large graph's checker gets a process of its own now: it starts up while the
+            # model is converted, and checks the written file while the report is filled.
+            separate = check and len(model.graph.node) >= SEPARATE_CHECK_NODES
+            checker = running.enter_context(CheckerRun(separate)) if check else None
+            try:
+                rewritten = running.enter_context(
+                    rewrite_model(
+                        model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
+                        progress=step,
+                    )
+                )
+            finally:
+                sink.close()
+            data_names: list[str] = []
+            if isinstance(sink, ExternalSink) and sink.bytes_written:
+                name = data_name or content_data_name(dst.name, sink.digest())
+                sink.relocate(name)
+                os.replace(sink.path, outputs.stage(dst.parent / name, OutputSet.DATA))
+                data_names.append(name)
+            elif isinstance(sink, ExternalSink):
+                sink.path.unlink()
+            # Tensors already point at the data file: serialize directly (onnx.save would walk
+            # every tensor again looking for external data to write).
+            try:
+                serialized = model.SerializeToString()
+            except ValueError as e:
+                raise InputError(f"{dst}: cannot write output ({e})") from None
+            with open(staged_model, "wb") as f:
+                f.write(serialized)
+                f.flush()
+                os.fsync(f.fileno())
+            del serialized, sink
+            # A checker in this process parses the file again after the graph is freed, so the
+            # two are never in memory together (a tensor reference keeps the whole model alive).
+            if checker is not None:
+                checker.check(staged_model)
+            rewritten.finish()
+            del model, tensors
+            if checker is not None:
+                prove(staged_model, src, report, str(src), str(dst), checker)
     except OSError as e:
         raise InputError(f"{dst}: cannot write output ({e.strerror or e})") from None
     outputs.model_uses(dst, data_names)
@@ -355,75 +369,3 @@ def stage_conversion(
         logger.info("%d Casts inserted, %d nodes kept f32", report.casts_inserted, len(report.kept_f32))
     logger.info("converted %s (staged as %s)", dst, staged_model)
     return StagedModel(staged_model, report)
-
-
-_CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError)
-
-#: A model in memory (a protobuf at most 2 GiB) or a model file.
-_Checkable = ModelProto | str | os.PathLike[str]
-
-
-def checker_failure(model: _Checkable, limit: int = 1000) -> str | None:
-    """The first line of what `onnx.checker.check_model(full_check=True)` says against a model
-    file (or a model in memory), or None when it passes: how a failure is told to be the
-    input's or ours."""
-    try:
-        onnx.checker.check_model(model if isinstance(model, ModelProto) else str(model), full_check=True)
-    except Exception as e:
-        return first_line(e, limit)
-    return None
-
-
-def onnxruntime_failure(model: _Checkable, limit: int = 400, provider: str = "CPUExecutionProvider") -> str | None:
-    """Why onnxruntime's `provider` (with the CPU provider behind it) cannot load a model, or
-    None when it loads."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.add_session_config_entry("session.disable_prepacking", "1")
-    try:
-        source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
-        providers = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
-        ort.InferenceSession(source, opts, providers=providers)
-    except Exception as e:
-        return first_line(e, limit)
-    return None
-
-
-def prove(output: _Checkable, source: _Checkable, report: ConversionReport, source_label: str, label: str) -> None:
-    """The proof that a converted model is sound, in `report.proof`: onnx's full checker
-    passes on it; or, for an input the checker refuses (onnxruntime's own ops in the default
-    domain, as onnxruntime-genai's builder writes them), onnxruntime loads the input and the
-    output alike. Anything else is bad input (InputError) or a bug of ours (AmpError)."""
-    found = checker_failure(output)
-    if found is None:
-        report.proof = "onnx.checker"
-        return
-    first = checker_failure(source)
-    if first is None:  # the input was valid, so this is our bug: say so, with the checker's words
-        raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
-    if onnxruntime_failure(source) is not None:
-        raise InputError(f"{source_label}: the input model fails onnx.checker ({first}); nothing written")
-    import onnxruntime as ort
-
-    # The output is meant for its target: a bf16 model for CUDA need not load on the CPU provider.
-    wanted = "CUDAExecutionProvider" if report.target == "cuda" else "CPUExecutionProvider"
-    provider = wanted if wanted in ort.get_available_providers() else "CPUExecutionProvider"
-    output_not_loaded = onnxruntime_failure(output, provider=provider)
-    if output_not_loaded is not None and provider != wanted:
-        raise InputError(
-            f"{source_label}: the input model fails onnx.checker ({first}), and the converted model cannot be "
-            f"loaded here to prove it instead: {wanted} is not available ({output_not_loaded}); nothing written"
-        )
-    if output_not_loaded is not None:
-        raise AmpError(
-            f"{label}: the input fails onnx.checker but loads in onnxruntime, and the converted model does not "
-            f"({output_not_loaded}); nothing written"
-        )
-    report.proof = f"onnxruntime loads it (the input fails onnx.checker: {first})"
-    logger.info("%s: %s", label, report.proof)
-
-
-def _check(staged: Path, src: Path, dst: Path, report: ConversionReport) -> None:
-    prove(staged, src, report, str(src), str(dst))

@@ -20,6 +20,7 @@ Three facts the keep rules read:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -122,6 +123,18 @@ def scoped_name(scope: str, name: str) -> str:
     return scope + name
 
 
+def _source_tensor(node: NodeProto) -> TensorProto | float | None:
+    """A Constant-like node's value: its tensor attribute, or its `value_float`; None for
+    any other form (`value_floats` is read by `NumericFacts._max_of`)."""
+    attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
+    for attr in node.attribute:
+        if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
+            return attr.t
+        if attr.name == "value_float":
+            return attr.f
+    return None
+
+
 class NumericFacts:
     """The facts of one model that the numeric keep rules read, each computed on first use.
     Values are keyed by `scoped_name`."""
@@ -194,12 +207,21 @@ class NumericFacts:
         table = self._weight_table()
         small: list[tuple[str, bytes]] = []
         for key, holder in table.items():
-            if isinstance(holder, TensorProto) and not is_external(holder):
-                raw = holder.raw_data  # each read of the field copies the bytes
-                if 0 < len(raw) <= _BATCHED_BYTES:
-                    small.append((key, raw))
+            found: float | None
+            tensor = holder if isinstance(holder, TensorProto) else _source_tensor(holder)
+            if isinstance(tensor, TensorProto):
+                if tensor.data_type != _F32:
                     continue
-            found = self._max_of(holder)
+                if not is_external(tensor):
+                    raw = tensor.raw_data  # each read of the field copies the bytes
+                    if 0 < len(raw) <= _BATCHED_BYTES:
+                        small.append((key, raw))
+                        continue
+                found = self.source.max_finite_abs(tensor)
+            elif isinstance(tensor, float):  # value_float: a float32 already
+                found = abs(tensor) if math.isfinite(tensor) else 0.0
+            else:
+                found = self._max_of(holder)
             if found is not None:
                 found_max[key] = found
         if small:
@@ -213,12 +235,9 @@ class NumericFacts:
     def _max_of(self, holder: TensorProto | NodeProto) -> float | None:
         if isinstance(holder, TensorProto):
             return self.source.max_finite_abs(holder)
-        attr_name = SOURCE_VALUE_ATTRIBUTES[holder.op_type]
         for attr in holder.attribute:
-            if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
-                return self.source.max_finite_abs(attr.t) if attr.t.data_type == _F32 else None
-            if attr.name in ("value_float", "value_floats"):
-                values = np.asarray([attr.f] if attr.name == "value_float" else list(attr.floats), dtype=np.float32)
+            if attr.name == "value_floats":
+                values = np.asarray(list(attr.floats), dtype=np.float32)
                 finite = np.abs(values[np.isfinite(values)])
                 return float(finite.max()) if finite.size else 0.0
         return None

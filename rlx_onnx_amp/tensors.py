@@ -320,10 +320,7 @@ _UNSIZED = {TensorProto.STRING, TensorProto.UNDEFINED} | {
 
 
 def _element_count(tensor: TensorProto) -> int:
-    n = 1
-    for d in tensor.dims:
-        n *= d
-    return n
+    return math.prod(tensor.dims)
 
 
 def stored_nbytes(tensor: TensorProto) -> int | None:
@@ -371,13 +368,15 @@ _TYPED_FIELD: dict[int, tuple[str, int]] = {
 
 def check_inline_data(tensor: TensorProto, model_name: str) -> None:
     """Raise InputError when an inline tensor's data does not match its type and dims."""
-    if any(d < 0 for d in tensor.dims):
-        raise InputError(f"{model_name}: tensor {tensor.name!r} has negative dims {list(tensor.dims)}")
-    if tensor.HasField("raw_data") or tensor.raw_data:
+    dims = tensor.dims
+    if dims and min(dims) < 0:
+        raise InputError(f"{model_name}: tensor {tensor.name!r} has negative dims {list(dims)}")
+    raw = len(tensor.raw_data)  # each read of the field copies the bytes: once
+    if raw or tensor.HasField("raw_data"):
         expected = stored_nbytes(tensor)
-        if expected is not None and len(tensor.raw_data) != expected:
+        if expected is not None and raw != expected:
             raise InputError(
-                f"{model_name}: tensor {tensor.name!r} holds {len(tensor.raw_data)} bytes of data, its type and dims "
+                f"{model_name}: tensor {tensor.name!r} holds {raw} bytes of data, its type and dims "
                 f"{list(tensor.dims)} need {expected}"
             )
         return
@@ -394,11 +393,8 @@ def check_inline_data(tensor: TensorProto, model_name: str) -> None:
 
 def tensor_nbytes(tensor: TensorProto) -> int:
     """Bytes of a tensor's data from its type and dims (its raw bytes for a type numpy lacks)."""
-    n = 1
-    for d in tensor.dims:
-        n *= d
     itemsize = _itemsize(tensor.data_type)
-    return n * itemsize if itemsize is not None else len(tensor.raw_data)
+    return math.prod(tensor.dims) * itemsize if itemsize is not None else len(tensor.raw_data)
 
 
 @functools.cache

@@ -509,7 +509,7 @@ def test_outputs_get_the_umask_mode(lay: Layout, umask: int) -> None:
 def test_an_internal_error_keeps_its_traceback_and_exit_70(lay: Layout) -> None:
     code = ("import rlx_onnx_amp.api as api, sys\n"
             "def broken(*a, **k): raise RuntimeError('simulated bug')\n"
-            "api.convert_model = broken\n"
+            "api.rewrite_model = broken\n"
             "from rlx_onnx_amp.cli import main\n"
             "sys.argv = ['rlx-amp', sys.argv[1], '-o', sys.argv[2]]\n"
             "main()\n")

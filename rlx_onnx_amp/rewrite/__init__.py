@@ -34,7 +34,7 @@ appended where they are made and sorted into place once; small weights and Const
 narrowed together in one numpy pass (`tensors.NarrowBatch`).
 """
 
-from rlx_onnx_amp.rewrite.convert import conversion_passes, convert_model
+from rlx_onnx_amp.rewrite.convert import RewrittenModel, conversion_passes, convert_model, rewrite_model
 from rlx_onnx_amp.rewrite.decide import DecidePass
 from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.rewrite.plan import ConvertOptions, NodeDecision, Plan, Stage
@@ -52,9 +52,11 @@ __all__ = [
     "KeepRule",
     "NodeDecision",
     "Plan",
+    "RewrittenModel",
     "Stage",
     "StorePass",
     "VariableRule",
     "conversion_passes",
     "convert_model",
+    "rewrite_model",
 ]

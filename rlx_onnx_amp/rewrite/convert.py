@@ -18,10 +18,11 @@ from rlx_onnx_amp.rewrite.decide import DecidePass
 from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.rewrite.plan import Conversion, ConvertOptions, Plan
 from rlx_onnx_amp.rewrite.store import StorePass
+from rlx_onnx_amp.rewrite.summary import fill_report
 from rlx_onnx_amp.tensors import WeightSink, WeightSource
 from rlx_onnx_amp.types import NodeFields, sort_topologically
 
-__all__ = ["conversion_passes", "convert_model"]
+__all__ = ["RewrittenModel", "conversion_passes", "convert_model", "rewrite_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,18 +45,74 @@ def convert_model(
     run for `inspect`: the model is for counting, not for saving).
     `progress`, if given, is called with the bytes of each initializer once it is written.
     """
+    with rewrite_model(
+        model, policy, options, source=source, sink=sink, report=report, weights=weights, progress=progress
+    ) as rewritten:
+        return rewritten.finish()
+
+
+class RewrittenModel:
+    """A model rewritten in place (`rewrite_model`) whose report `finish` fills: a caller can
+    save the model and start its proof first (`proof.CheckerRun`), and fill the report while
+    the proof runs."""
+
+    def __init__(self, plan: Plan, conversion: Conversion) -> None:
+        self._plan: Plan | None = plan
+        self._conversion: Conversion | None = conversion
+        self.report = conversion.report
+
+    def finish(self) -> ConversionReport:
+        """Fill the report (and its cost estimate when asked), then free the plan and drop the
+        model; once."""
+        plan, cx = self._plan, self._conversion
+        if plan is None or cx is None:
+            return self.report
+        assert plan.main is not None
+        fill_report(cx, plan.main)
+        if cx.options.cost:
+            self.report.cost = estimate_cost(cx.model, cx.options.shapes)
+        self.close()
+        return self.report
+
+    def close(self) -> None:
+        """Free the plan (the report is left as it is) and drop the model."""
+        if self._plan is not None:
+            self._plan.release()
+        self._plan = self._conversion = None
+
+
+@contextlib.contextmanager
+def rewrite_model(
+    model: ModelProto,
+    policy: Policy,
+    options: ConvertOptions | None = None,
+    *,
+    source: WeightSource | None = None,
+    sink: WeightSink | None = None,
+    report: ConversionReport | None = None,
+    weights: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[RewrittenModel]:
+    """`convert_model` up to its report, as a context: the model is rewritten in place and
+    ready to save; `finish()` fills the report and returns it. The garbage collector stays
+    paused until the context ends (it would walk the live plan), and the plan is freed then
+    if `finish` was not called."""
     options = options or ConvertOptions()
     report = report or ConversionReport()
     with _gc_paused():
         plan, passes = _plan(
             model, policy, options, report, source or WeightSource(None), sink or WeightSink(), weights, progress
         )
+        conversion = passes[0].cx
+        conversion.report_at_emit = False  # finish() fills it
         run_passes(plan, passes, options.check_contracts)
-        if options.cost:
-            report.cost = estimate_cost(model, options.shapes)
-        plan.release()
-        del plan, passes
-    return report
+        del passes
+        rewritten = RewrittenModel(plan, conversion)
+        del plan, conversion
+        try:
+            yield rewritten
+        finally:
+            rewritten.close()
 
 
 def conversion_passes(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 from onnx import NodeProto
@@ -111,21 +112,23 @@ class DecidePass(Pass[Plan]):
         as the sweep goes, from the op schemas; a value that cannot be typed for certain that
         way raises `Untyped`, and the caller starts over with onnx's inference.
         """
-        nodes = scope.graph.node
         # One read of each node's fields (`types.NodeFields`): the main graph's was read for every pass.
         fields = self.cx.fields if scope.parent is None else NodeFields.read(scope.graph)
-        op_types, domains, inputs, outputs = fields
-        scope.scan_qdq(nodes, op_types)
-        orig, templates, prefix, used = scope.orig, self.templates, scope.path, self.cx.used_names
+        scope.scan_qdq(fields.nodes, fields.ops)
+        orig, templates, prefix = scope.orig, self.templates, scope.path
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         templated = not scope.has_qdq
+        # Every output and node name is taken before the emit pass makes fresh ones.
+        used = self.cx.used_names
+        used.update(itertools.chain.from_iterable(fields.outputs))
+        used.update(fields.names)
         # Bound once: the loop runs once per node of the graph.
         get_template, type_from, decide, append, record = (
             templates.get, templates.type_from, self._decision, scope.decisions.append, scope.record
         )
         no_bodies: list[Scope] = []
-        for i, node in enumerate(nodes):
-            op, domain, ins, outs = op_types[i], domains[i], inputs[i], outputs[i]
+        rows = zip(fields.nodes, fields.ops, fields.domains, fields.inputs, fields.outputs, fields.names)
+        for i, (node, op, domain, ins, outs, name) in enumerate(rows):
             path = f"{prefix}{i}"
             holds_body = op in GRAPH_OPS or domain not in DEFAULT_DOMAINS
             children = self._bodies(scope, node, path, types) if holds_body else no_bodies
@@ -141,7 +144,7 @@ class DecidePass(Pass[Plan]):
             key = (domain, op, key_types, attr_type, len(outs)) if templated and not children else None
             template = get_template(key) if key is not None else None
             if template is not None and type_from(template, outs, orig):
-                decision = decide(template.outcome, path, node, op, domain, ins, outs, scope)
+                decision = decide(template.outcome, path, node, op, domain, ins, outs, name, scope)
             else:
                 facts, derived = self._facts(
                     node, path, scope, children, op, domain, ins, outs, key_types, attr_type, types
@@ -149,15 +152,12 @@ class DecidePass(Pass[Plan]):
                 outcome = self._outcome(facts)
                 if key is not None:
                     templates.offer(key, derived, facts.out_types, outs, domain, op, outcome)
-                decision = decide(outcome, path, node, op, domain, ins, outs, scope)
+                decision = decide(outcome, path, node, op, domain, ins, outs, name, scope)
             append(decision)
             for child in children:
                 self.decide_scope(child, types)
                 for out in child.graph.output:  # bodies hand back their original types
                     child.want(out.name, child.orig_type(out.name))
-            used.update(outs)
-            decision.name = node_name = node.name
-            used.add(node_name)
             record(decision, ins, outs, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:
@@ -183,14 +183,17 @@ class DecidePass(Pass[Plan]):
         domain: str,
         ins: list[str],
         outs: list[str],
+        name: str,
         scope: Scope,
     ) -> NodeDecision:
         """The node's decision from its outcome, then the per-node rules over it."""
         kind, code, reason, precision, input_types, output_types, source, keepable = outcome
         if source:  # the store pass settles a source's precision on its own copy
             input_types, output_types = dict(input_types), dict(output_types)
-        decision = NodeDecision(path, node, kind, op, domain, ins, outs, precision, input_types, output_types)
-        decision.reason, decision.source, decision.keepable, decision.code = reason, source, keepable, code
+        decision = NodeDecision(
+            path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, source, keepable,
+            code, name,
+        )
         if keepable and self.node_rules:
             self._apply_node_rules(decision, scope)
         return decision

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 
 import onnx
@@ -82,11 +81,13 @@ class EmitPass(Pass[Plan]):
                 )
 
     def emit_model(self, main: Scope) -> bool:
-        """Sweep 3 over the whole model, and the report; whether the model's protobuf changed."""
+        """Sweep 3 over the whole model, and the report (`rewrite_model` fills it later); whether
+        the model's protobuf changed."""
         self.emit_scope(main)
         if self.cx.casts_inserted:
             self._ensure_default_opset()
-        fill_report(self.cx, main)
+        if self.cx.report_at_emit:
+            fill_report(self.cx, main)
         return self.cx.changed or self.cx.relocated
 
     def resolve(self, scope: Scope, name: str, want: int | None, position: int) -> str:
@@ -172,12 +173,30 @@ class EmitPass(Pass[Plan]):
             self.values.output_types = {name: want for name, (_, want) in back.items()}
         orig_type = scope.orig.get if is_main else scope.orig_type
         idle: list[NodeProto] = []  # Casts to their input's own type, removed after the sort
-        children, rename, rewire = scope.children, scope.rename, self._rewire_inputs
+        children, rename, resolve = scope.children, scope.rename, self.resolve
+        defined, storage, orig = scope.defined, scope.storage, scope.orig
         for i, d in enumerate(scope.decisions):
             if children and i in children:
                 for child in children[i]:
                     self.emit_scope(child)
-            rewire(scope, i, d, orig_type)
+            # Point the node's inputs at the names holding them at the types it reads them at.
+            # The common case is decided here without a call: a value of this scope, not
+            # renamed, read at the type it has.
+            input_types = d.input_types
+            for k, name in enumerate(d.inputs):
+                if not name:
+                    continue
+                want = input_types[k] if k in input_types else orig_type(name)
+                if (
+                    name in defined
+                    and name not in rename
+                    and (want is None or want == (storage.get(name) or orig.get(name)))
+                ):
+                    continue
+                resolved = resolve(scope, name, want, _slot(i, _READ))
+                if resolved != name:
+                    d.node.input[k] = resolved
+                    self.cx.edits += 1
             if rename and not rename.keys().isdisjoint(d.outputs):
                 self._rename_outputs(scope, i, d, back)
             if d.precision is not None and (d.source or d.op in _ATTRIBUTE_RETYPED_OPS):
@@ -221,25 +240,6 @@ class EmitPass(Pass[Plan]):
                 back[out.name] = (low_name, want)
                 _declare(scope, low_name, have or 0)
         return back
-
-    def _rewire_inputs(self, scope: Scope, i: int, d: NodeDecision, orig_type: Callable[[str], int | None]) -> None:
-        """Point node i's inputs at the names holding them at the types it reads them at."""
-        node, input_types = d.node, d.input_types
-        position = _slot(i, _READ)
-        # The common case, decided here without a call: a value of this scope, not renamed,
-        # read at the type it has.
-        defined, storage, orig, rename = scope.defined, scope.storage, scope.orig, scope.rename
-        for k, name in enumerate(d.inputs):
-            if not name:
-                continue
-            want = input_types[k] if k in input_types else orig_type(name)
-            here = name in defined and name not in rename
-            if here and (want is None or want == (storage.get(name) or orig.get(name))):
-                continue
-            resolved = self.resolve(scope, name, want, position)
-            if resolved != name:
-                node.input[k] = resolved
-                self.cx.edits += 1
 
     def _rename_outputs(self, scope: Scope, i: int, d: NodeDecision, back: dict[str, tuple[str, int]]) -> None:
         """Node i's renamed outputs, and the Cast back to a graph output it computes low."""

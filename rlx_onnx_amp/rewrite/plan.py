@@ -191,7 +191,11 @@ class Scope:
                 continue
             elem = input_types[k] if k in input_types else orig_type(name)
             if elem is not None:
-                owner.wants.setdefault(name, set()).add(elem)
+                wanted = owner.wants.get(name)
+                if wanted is None:
+                    owner.wants[name] = {elem}
+                else:
+                    wanted.add(elem)
 
 
 
@@ -232,6 +236,8 @@ class Conversion:
         self.relocated = False  # unconverted weights moved into the sink's file
         self.clamped: dict[str, ClampStats] = {}
         self.numeric = NumericFacts(model, source, self.fields)
+        #: Whether the emit pass fills the report (`rewrite_model` fills it after the model is saved).
+        self.report_at_emit = True
 
     @property
     def used_names(self) -> set[str]:

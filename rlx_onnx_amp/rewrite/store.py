@@ -28,6 +28,7 @@ class StorePass(Pass[Plan]):
 
     def __init__(self, conversion: Conversion) -> None:
         self.cx = conversion
+        self._admitted: dict[tuple[str, str, int, int, int], bool] = {}
 
     def call(self, plan: Plan) -> PassResult:
         assert plan.main is not None
@@ -48,6 +49,16 @@ class StorePass(Pass[Plan]):
                 if vi.name not in weights and main.storage.get(vi.name) not in (None, main.orig.get(vi.name)):
                     self.fail(f"graph input {vi.name!r} retyped under keep_io_types")
 
+    def _admits(self, d: NodeDecision, low: int) -> bool:
+        """Whether the source's op schema lets its output be `low` (one answer per op and arity)."""
+        key = (d.domain, d.op, len(d.inputs), len(d.outputs), low)
+        admits = self._admitted.get(key)
+        if admits is None:
+            sig = signature(d.domain, d.op, self.cx.opset(d.domain), len(d.inputs), len(d.outputs))
+            admits = sig is None or all(TYPE_STR.get(low, "") in g.allowed for g in sig.groups if g.outputs)
+            self._admitted[key] = admits
+        return admits
+
     def _single_low(self, scope: Scope, name: str) -> int | None:
         wants = scope.wants.get(name, set())
         if len(wants) == 1:
@@ -65,18 +76,19 @@ class StorePass(Pass[Plan]):
         for init in scope.graph.initializer:
             if init.data_type == F32 and (low := self._single_low(scope, init.name)):
                 scope.storage[init.name] = low
-        for d in scope.decisions:
-            if d.source and d.outputs and d.outputs[0]:
-                name = d.outputs[0]
-                low = self._single_low(scope, name)
-                sig = signature(d.domain, d.op, self.cx.opset(d.domain), len(d.inputs), len(d.outputs))
-                admits = sig is None or all(TYPE_STR.get(low or 0, "") in g.allowed for g in sig.groups if g.outputs)
-                if scope.orig.get(name) == F32 and low and admits:
-                    scope.storage[name] = low
-                    d.precision = precision_of_elem_type(low)
-                    d.output_types[0] = low
-                elif scope.orig.get(name) == F32 and low:
-                    self._saturate_source(d, low)
+        for d in [d for d in scope.decisions if d.source]:
+            if not d.outputs or not d.outputs[0]:
+                continue
+            name = d.outputs[0]
+            low = self._single_low(scope, name)
+            if scope.orig.get(name) != F32 or not low:
+                continue
+            if self._admits(d, low):
+                scope.storage[name] = low
+                d.precision = precision_of_elem_type(low)
+                d.output_types[0] = low
+            else:
+                self._saturate_source(d, low)
         for children in scope.children.values():
             for child in children:
                 self.store_scope(child)

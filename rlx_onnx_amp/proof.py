@@ -1,0 +1,196 @@
+"""The proof that a converted model is sound: onnx's full checker passes on it, or (for an input
+the checker refuses) onnxruntime loads the input and the output alike.
+
+The checker is the longest single step of a plain conversion of a large graph without
+verification (about a quarter of it at 200,000 nodes) and holds the GIL, so a thread cannot run
+beside it. `CheckerRun` runs it in a process of its own, started while the model is converted
+(its imports take a quarter of a second), given the written file, and read while this process
+fills the conversion's report. Its verdict is `checker_failure`'s, word for word.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto
+
+from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.reports.conversion import ConversionReport
+
+__all__ = ["SEPARATE_CHECK_NODES", "CheckerRun", "checker_failure", "onnxruntime_failure", "prove"]
+
+logger = logging.getLogger(__name__)
+
+#: From this many nodes in the main graph the checker runs in a process of its own: below it the
+#: check takes less than that process's start-up.
+SEPARATE_CHECK_NODES = 20_000
+
+#: A model in memory (a protobuf at most 2 GiB) or a model file.
+_Checkable = ModelProto | str | os.PathLike[str]
+
+# The checker's process: it reads a model path on stdin (to its end), runs the full checker and
+# writes "P", or "F" with the exception's type name, a NUL and its text. It ignores SIGINT (a
+# terminal's ^C reaches the whole process group; this process stops it). `-P`: the working
+# directory is not put on its sys.path.
+_CHECKER_PROCESS = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+import onnx.checker
+path = os.fsdecode(sys.stdin.buffer.read())
+if path:
+    try:
+        onnx.checker.check_model(path, full_check=True)
+        said = "P"
+    except Exception as e:
+        said = "F" + type(e).__name__ + "\\0" + str(e)
+    sys.stdout.buffer.write(said.encode("utf-8", "replace"))
+"""
+
+
+def checker_failure(model: _Checkable, limit: int = 1000) -> str | None:
+    """The first line of what `onnx.checker.check_model(full_check=True)` says against a model
+    file (or a model in memory), or None when it passes: how a failure is told to be the
+    input's or ours."""
+    try:
+        onnx.checker.check_model(model if isinstance(model, ModelProto) else str(model), full_check=True)
+    except Exception as e:
+        return first_line(e, limit)
+    return None
+
+
+def _said_line(type_name: str, text: str, limit: int = 1000) -> str:
+    """`first_line` of an exception known by its type's name and its text."""
+    text = text.strip()
+    return text.splitlines()[0][:limit] if text else type_name
+
+
+class CheckerRun:
+    """`checker_failure` of a model file, in a process of its own when `separate`: started now,
+    given the file with `check`, read with `result`. Without `separate`, or when that process
+    cannot start or ends without a verdict, `result` runs the checker in this process. `close`
+    (or leaving the `with` block) stops the process, whatever stopped the caller."""
+
+    def __init__(self, separate: bool) -> None:
+        self._path: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        if separate:
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-P", "-c", _CHECKER_PROCESS],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                )
+            except OSError as e:
+                logger.debug("cannot start the checker's process (%s): it runs in this process", e)
+
+    @property
+    def separate(self) -> bool:
+        """Whether the checker runs in a process of its own."""
+        return self._process is not None
+
+    def check(self, path: str | os.PathLike[str]) -> None:
+        """Start the checker on `path` (once)."""
+        self._path = Path(path)
+        if self._process is not None and self._process.stdin is not None:
+            try:
+                self._process.stdin.write(os.fsencode(self._path))
+                self._process.stdin.close()
+            except OSError:
+                self.close()
+
+    def result(self) -> str | None:
+        """What `checker_failure(path)` says: the checker's first line, or None when it passes."""
+        assert self._path is not None, "check(path) first"
+        said = b""
+        if self._process is not None and self._process.stdout is not None:
+            said = self._process.stdout.read()
+            self.close()
+        if said[:1] == b"P":
+            return None
+        if said[:1] == b"F":
+            type_name, _, text = said[1:].decode("utf-8", "replace").partition("\0")
+            return _said_line(type_name, text)
+        if said or self._process is not None:
+            logger.debug("the checker's process ended without a verdict: checking in this process")
+        return checker_failure(self._path)
+
+    def close(self) -> None:
+        """Stop the checker's process if it still runs, and reap it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def __enter__(self) -> CheckerRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def onnxruntime_failure(model: _Checkable, limit: int = 400, provider: str = "CPUExecutionProvider") -> str | None:
+    """Why onnxruntime's `provider` (with the CPU provider behind it) cannot load a model, or
+    None when it loads."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    try:
+        source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
+        providers = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
+        ort.InferenceSession(source, opts, providers=providers)
+    except Exception as e:
+        return first_line(e, limit)
+    return None
+
+
+def prove(
+    output: _Checkable,
+    source: _Checkable,
+    report: ConversionReport,
+    source_label: str,
+    label: str,
+    checked: CheckerRun | None = None,
+) -> None:
+    """The proof that a converted model is sound, in `report.proof`: onnx's full checker
+    passes on it; or, for an input the checker refuses (onnxruntime's own ops in the default
+    domain, as onnxruntime-genai's builder writes them), onnxruntime loads the input and the
+    output alike. Anything else is bad input (InputError) or a bug of ours (AmpError).
+    `checked`: the checker already given `output`'s file."""
+    found = checked.result() if checked is not None else checker_failure(output)
+    if found is None:
+        report.proof = "onnx.checker"
+        return
+    first = checker_failure(source)
+    if first is None:  # the input was valid, so this is our bug: say so, with the checker's words
+        raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
+    if onnxruntime_failure(source) is not None:
+        raise InputError(f"{source_label}: the input model fails onnx.checker ({first}); nothing written")
+    import onnxruntime as ort
+
+    # The output is meant for its target: a bf16 model for CUDA need not load on the CPU provider.
+    wanted = "CUDAExecutionProvider" if report.target == "cuda" else "CPUExecutionProvider"
+    provider = wanted if wanted in ort.get_available_providers() else "CPUExecutionProvider"
+    output_not_loaded = onnxruntime_failure(output, provider=provider)
+    if output_not_loaded is not None and provider != wanted:
+        raise InputError(
+            f"{source_label}: the input model fails onnx.checker ({first}), and the converted model cannot be "
+            f"loaded here to prove it instead: {wanted} is not available ({output_not_loaded}); nothing written"
+        )
+    if output_not_loaded is not None:
+        raise AmpError(
+            f"{label}: the input fails onnx.checker but loads in onnxruntime, and the converted model does not "
+            f"({output_not_loaded}); nothing written"
+        )
+    report.proof = f"onnxruntime loads it (the input fails onnx.checker: {first})"
+    logger.info("%s: %s", label, report.proof)

@@ -1,0 +1,127 @@
+"""The proof of a written model: onnx's full checker, run in a process of its own for a large
+graph (`proof.CheckerRun`), says word for word what it says in this process, and leaves no
+process behind; the report a conversion fills after the model is written is the one it filled
+before (`rewrite.rewrite_model`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+
+from rlx_onnx_amp import api, proof
+from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.policy import policy_from_name
+from rlx_onnx_amp.proof import CheckerRun, checker_failure
+from rlx_onnx_amp.reports.conversion import ConversionReport
+from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, rewrite_model
+from tests.helpers import rlx
+
+
+def _chain(path: Path, blocks: int = 3, broken: bool = False) -> Path:
+    """x -> (MatMul W_i -> Add b_i -> Relu) * blocks -> y; `broken`: the last Add reads an Int64
+    bias, which the full checker refuses (its type variable binds two types)."""
+    nodes, inits, x = [], [], "x"
+    for i in range(blocks):
+        bias_type = TensorProto.INT64 if broken and i == blocks - 1 else TensorProto.FLOAT
+        inits += [h.make_tensor(f"W{i}", TensorProto.FLOAT, [4, 4], [0.1 * (k % 5) for k in range(16)]),
+                  h.make_tensor(f"b{i}", bias_type, [4], [1, 2, 3, 4])]
+        nodes += [h.make_node("MatMul", [x, f"W{i}"], [f"m{i}"], name=f"mm{i}"),
+                  h.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+                  h.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    graph = h.make_graph(nodes, "chain", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                         [h.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4])], inits)
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("separate", [True, False])
+def test_the_checker_says_what_it_says_in_this_process(tmp_path: Path, broken: bool, separate: bool) -> None:
+    model = _chain(tmp_path / "m.onnx", broken=broken)
+    here = checker_failure(model)
+    assert (here is None) != broken, here
+    with CheckerRun(separate) as run:
+        assert run.separate == separate
+        process = run._process
+        run.check(model)
+        assert run.result() == here
+    assert process is None or process.returncode == 0  # it gave its verdict and ended, reaped
+
+
+def test_close_stops_a_checker_still_running_and_reaps_it(tmp_path: Path) -> None:
+    model = _chain(tmp_path / "m.onnx", blocks=2000)
+    run = CheckerRun(True)
+    process = run._process
+    assert process is not None
+    run.check(model)
+    run.close()
+    assert process.returncode is not None  # reaped: killed, or done already
+    assert not run.separate
+
+
+def test_a_checker_that_ends_without_a_verdict_is_run_here(tmp_path: Path) -> None:
+    model = _chain(tmp_path / "m.onnx", broken=True)
+    run = CheckerRun(True)
+    assert run._process is not None
+    run._process.kill()  # as a crash of onnx's checker would end it
+    run._process.wait()
+    run.check(model)
+    assert run.result() == checker_failure(model) is not None
+    run.close()
+
+
+def test_a_large_graph_is_proved_by_the_separate_checker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage_conversion gives the written file to a CheckerRun started before the conversion;
+    the model it proves is byte-identical to the in-process one."""
+    model = _chain(tmp_path / "m.onnx")
+    started: list[bool] = []
+    real = proof.CheckerRun
+
+    class Recorded(real):  # type: ignore[misc, valid-type]
+        def __init__(self, separate: bool) -> None:
+            started.append(separate)
+            super().__init__(separate)
+
+    monkeypatch.setattr(api, "CheckerRun", Recorded)
+    outputs: dict[int, bytes] = {}
+    for limit in (1, 10**9):
+        monkeypatch.setattr(api, "SEPARATE_CHECK_NODES", limit)
+        out = tmp_path / f"out_{limit}.onnx"
+        with OutputSet() as staging:
+            staged = api.stage_conversion(model, out, staging, RunPaths(), "always-f16")
+            assert staged.report.proof == "onnx.checker"
+            outputs[limit] = staged.path.read_bytes()
+    assert started == [True, False]
+    assert outputs[1] == outputs[10**9]
+
+
+def test_the_cli_refuses_nothing_it_accepted_with_the_separate_checker(tmp_path: Path) -> None:
+    """A 20,000-node graph (the limit) through the CLI: proved, written, exit 0."""
+    model = _chain(tmp_path / "big.onnx", blocks=proof.SEPARATE_CHECK_NODES // 3 + 1)
+    result = rlx(model, "--policy", "auto-mixed", "-o", tmp_path / "out.onnx", "--no-verify",
+                 "--report-json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stderr
+    assert '"proof": "onnx.checker"' in (tmp_path / "r.json").read_text()
+    assert checker_failure(tmp_path / "out.onnx") is None
+
+
+@pytest.mark.parametrize("policy", ["always-f16", "auto-mixed"])
+def test_the_report_filled_after_the_model_is_written_is_the_same(tmp_path: Path, policy: str) -> None:
+    model = onnx.load(_chain(tmp_path / "m.onnx"))
+    once, twice = onnx.ModelProto(), onnx.ModelProto()
+    once.CopyFrom(model)
+    twice.CopyFrom(model)
+    report = convert_model(once, policy_from_name(policy), ConvertOptions())
+    later = ConversionReport()
+    with rewrite_model(twice, policy_from_name(policy), ConvertOptions(), report=later) as rewritten:
+        assert later.decisions == {}  # nothing filled before finish
+        saved = twice.SerializeToString()
+        assert rewritten.finish() is later
+    assert saved == once.SerializeToString()
+    assert later.decisions == report.decisions and later.rules == report.rules
+    assert (later.casts_inserted, later.changed, later.by_op) == (report.casts_inserted, report.changed, report.by_op)
