@@ -1,9 +1,11 @@
 """Where rlx-amp's convert_file spends time and memory, phase by phase.
 
-    python bench/profile_rlx.py MODEL [--policy auto-mixed] [--cprofile N] [--tracemalloc N]
+    python bench/profile_rlx.py MODEL [--policy auto-mixed] [--cost] [--cprofile N] [--tracemalloc N]
 
-Wraps the phases of `convert_file` (load, name collection, type inference, the three sweeps,
-initializer conversion, report, save, checker) and prints for each: inclusive wall time, RSS at
+Without --cost it times what `rlx-amp MODEL -o OUT -q --no-verify` runs.
+
+Wraps the phases of `convert_file` (load, the plan, type inference, the three passes,
+initializer conversion, the report, the checker) and prints for each: inclusive wall time, RSS at
 its end, and the peak RSS reached while it ran (VmHWM, reset before each phase through
 /proc/self/clear_refs when the kernel allows it). --cprofile N also prints the top N functions
 by own time; --tracemalloc N the top N Python allocation sites at the end of the sweeps
@@ -50,7 +52,7 @@ def _wrap(owner: object, attr: str, label: str) -> None:
         return
 
     @functools.wraps(fn)
-    def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def wrapper(*a, **kw):
         depth = _DEPTH[0]
         _DEPTH[0] += 1
         seq = _SEQ[0]
@@ -77,34 +79,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cprofile", type=int, default=0, metavar="N")
     ap.add_argument("--tracemalloc", type=int, default=0, metavar="N")
     ap.add_argument("--out", help="output path (default: a temporary directory, deleted)")
+    ap.add_argument("--cost", action="store_true",
+                    help="fill the report's cost estimate too (the CLI does unless -q and no report file)")
     args = ap.parse_args(argv)
-
-    import onnx
 
     import importlib
 
+    import onnx
+
     api = importlib.import_module("rlx_onnx_amp.api")
-    convert = importlib.import_module("rlx_onnx_amp.rewrite")  # the module, not the function
+    convert = importlib.import_module("rlx_onnx_amp.rewrite.convert")
     types = importlib.import_module("rlx_onnx_amp.types")
+    passes = {name: importlib.import_module(f"rlx_onnx_amp.rewrite.{name}") for name in ("decide", "store", "emit")}
+    weights = importlib.import_module("rlx_onnx_amp.rewrite.weights")
+    proof = importlib.import_module("rlx_onnx_amp.proof")
 
     rss_start, _ = _status()
     # Top-level phases of convert_file (depth 0) and their parts (depth 1+).
-    _wrap(api, "_load", "load (parse, find tensors, check external data)")
-    _wrap(api, "external_locations", "external_locations")
-    _wrap(api, "convert_model", "convert_model")
-    _wrap(convert._Converter, "_collect_names", "_collect_names")
-    _wrap(convert, "infer_types", "infer_types (only when schema typing gives up)")
-    _wrap(types, "_structure_copy", "_structure_copy")
+    _wrap(api, "_load", "load (parse, find and check every tensor)")
+    _wrap(convert, "_plan", "plan (node fields, order check, weights' maxima)")
+    _wrap(types.NodeFields, "read", "read every node's fields")
+    _wrap(convert, "sort_topologically", "order check (sort when out of order)")
+    _wrap(passes["decide"].DecidePass, "__init__", "decide pass set-up (weights' maxima)")
+    _wrap(passes["decide"], "infer_types", "infer_types (only when schema typing gives up)")
     _wrap(onnx.shape_inference, "infer_shapes", "onnx.shape_inference.infer_shapes")
-    _wrap(types, "_collect", "types._collect")
-    _wrap(convert._Converter, "decide_scope", "sweep 1 decide_scope (typing included)")
-    _wrap(convert._Converter, "store_scope", "sweep 2 store_scope")
-    _wrap(convert._Converter, "emit_scope", "sweep 3 emit_scope (incl. weights)")
-    _wrap(convert._Converter, "_convert_initializers", "_convert_initializers (read/narrow/write)")
-    _wrap(convert._Converter, "_run_batches", "_run_batches (small tensors narrowed together)")
-    _wrap(convert._Converter, "_fill_report", "_fill_report")
-    _wrap(api.Path, "write_bytes", "write model bytes")
-    _wrap(api, "_check", "_check (onnx.checker full_check)")
+    _wrap(passes["decide"].DecidePass, "call", "decide (typing included)")
+    _wrap(passes["store"].StorePass, "call", "store")
+    _wrap(passes["emit"].EmitPass, "call", "emit (incl. weights)")
+    _wrap(weights.Retyper, "convert_initializers", "convert_initializers (read/narrow/write)")
+    _wrap(weights.Retyper, "run_batches", "run_batches (small tensors narrowed together)")
+    _wrap(convert.RewrittenModel, "finish", "finish: the report (beside a separate checker)")
+    _wrap(proof, "checker_failure", "onnx.checker full_check in this process")
+    _wrap(proof.CheckerRun, "result", "waiting for the checker's verdict")
 
     tm = None
     if args.tracemalloc:
@@ -112,17 +118,17 @@ def main(argv: list[str] | None = None) -> int:
 
         tracemalloc.start(8)
         tm = tracemalloc
-        orig_fill = convert._Converter._fill_report
+        orig_fill = convert.fill_report
 
-        def snap_then_fill(self, main):  # noqa: ANN001, ANN202
+        def snap_then_fill(cx, main):
             snap = tm.take_snapshot()
             cur, peak = tm.get_traced_memory()
             print(f"tracemalloc after sweeps: current {cur / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB")
             for stat in snap.statistics("lineno")[: args.tracemalloc]:
                 print(f"  {stat.size / 2**20:8.1f} MiB {stat.count:9d} blocks  {stat.traceback[0]}")
-            return orig_fill(self, main)
+            return orig_fill(cx, main)
 
-        convert._Converter._fill_report = snap_then_fill
+        convert.fill_report = snap_then_fill
 
     with tempfile.TemporaryDirectory(dir=Path(args.model).resolve().parent) as tmp:
         out = args.out or str(Path(tmp) / "out.onnx")
@@ -133,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             prof = cProfile.Profile()
             prof.enable()
         t0 = time.perf_counter()
-        api.convert_file(args.model, out, args.policy)
+        options = api.make_options(cost=args.cost)
+        api.convert_file(args.model, out, args.policy, options=options)
         total = time.perf_counter() - t0
         if prof:
             prof.disable()
