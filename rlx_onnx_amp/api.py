@@ -24,9 +24,10 @@ from rlx_onnx_amp.proof import SEPARATE_CHECK_NODES, CheckerRun, checker_failure
 from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, rewrite_model
+from rlx_onnx_amp.rewrite.convert import gc_paused
 from rlx_onnx_amp.taxonomy import OpKind
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes
-from rlx_onnx_amp.types import all_tensors
+from rlx_onnx_amp.types import NodeFields, all_tensors
 
 __all__ = [
     "StagedModel",
@@ -111,9 +112,13 @@ def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False
     return _load(path, load_external_data)[0]
 
 
-def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[ModelProto, list[onnx.TensorProto]]:
+def _load(
+    path: str | os.PathLike[str], load_external_data: bool, read_fields: bool = False
+) -> tuple[ModelProto, list[onnx.TensorProto], NodeFields | None]:
     """The model and its tensors (initializers and tensor attributes, bodies included), every
-    tensor's data checked against its type and dims, external data inside the model's directory."""
+    tensor's data checked against its type and dims, external data inside the model's directory;
+    with `read_fields`, the main graph's nodes read once (`types.NodeFields`) for the conversion
+    too, else None."""
     p = Path(path)
     try:
         info = p.stat()
@@ -134,7 +139,8 @@ def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[Model
         raise InputError(f"{p}: not a valid ONNX model (no opset_import)")
     source = WeightSource(p.parent, str(p))
     sink = WeightSink()
-    tensors = list(all_tensors(model))
+    fields = NodeFields.read(model.graph) if read_fields else None
+    tensors = list(all_tensors(model, fields))
     for tensor in tensors:
         if is_external(tensor):
             source.check(tensor)
@@ -142,7 +148,7 @@ def _load(path: str | os.PathLike[str], load_external_data: bool) -> tuple[Model
                 sink.copy_through(tensor, source)
         else:
             check_inline_data(tensor, str(p))
-    return model, tensors
+    return model, tensors, fields
 
 
 def write_demo(path: str | os.PathLike[str]) -> Path:
@@ -165,7 +171,7 @@ def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -
     paths.read(path, role)
     if not os.path.isfile(path):
         return  # loading it later says what is wrong
-    _, tensors = _load(path, False)
+    _, tensors, _ = _load(path, False)
     _plan_external_reads(paths, Path(path), tensors, role)
 
 
@@ -270,6 +276,7 @@ class StagedModel:
     report: ConversionReport
 
 
+@gc_paused()  # what it builds is freed by reference counting; a collection would walk it all
 def stage_conversion(
     input_path: str | os.PathLike[str],
     output_path: str | os.PathLike[str],
@@ -298,7 +305,7 @@ def stage_conversion(
     if data_name is not None:
         paths.write(dst.parent / data_name, "output data file")
     check_writable(dst, "output model")
-    model, tensors = _load(src, False)
+    model, tensors, fields = _load(src, False, read_fields=True)
     _plan_external_reads(paths, src, tensors, "input model")
     paths.check()
     source = WeightSource(src.parent, str(src))
@@ -327,9 +334,10 @@ def stage_conversion(
                 rewritten = running.enter_context(
                     rewrite_model(
                         model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
-                        progress=step,
+                        progress=step, fields=fields,
                     )
                 )
+                del fields  # the plan holds them while it needs them
             finally:
                 sink.close()
             data_names: list[str] = []

@@ -3,9 +3,10 @@ the checker refuses) onnxruntime loads the input and the output alike.
 
 The checker is the longest single step of a plain conversion of a large graph without
 verification (about a quarter of it at 200,000 nodes) and holds the GIL, so a thread cannot run
-beside it. `CheckerRun` runs it in a process of its own, started while the model is converted
-(its imports take a quarter of a second), given the written file, and read while this process
-fills the conversion's report. Its verdict is `checker_failure`'s, word for word.
+beside it. `CheckerRun` runs its strict shape inference (most of it) in a process of its own,
+started while the model is converted (its imports take a quarter of a second) and given the
+written file, while this process fills the conversion's report and runs the checks before the
+inference. Its verdict is `checker_failure`'s, word for word.
 """
 
 from __future__ import annotations
@@ -30,21 +31,24 @@ logger = logging.getLogger(__name__)
 #: check takes less than that process's start-up.
 SEPARATE_CHECK_NODES = 20_000
 
+_LIMIT = 1000  # characters of the checker's first line
+
 #: A model in memory (a protobuf at most 2 GiB) or a model file.
 _Checkable = ModelProto | str | os.PathLike[str]
 
-# The checker's process: it reads a model path on stdin (to its end), runs the full checker and
-# writes "P", or "F" with the exception's type name, a NUL and its text. It ignores SIGINT (a
-# terminal's ^C reaches the whole process group; this process stops it). `-P`: the working
-# directory is not put on its sys.path.
-_CHECKER_PROCESS = """
+# The checker's process: it reads a model path on stdin (to its end), runs the full checker's
+# strict shape inference on it and writes "P", or "F" with the exception's type name, a NUL and
+# its text; the checks before it run in this process meanwhile (`CheckerRun.result`). It ignores
+# SIGINT (a terminal's ^C reaches the whole process group; this process stops it). `-P`: the
+# working directory is not put on its sys.path.
+_INFERENCE_PROCESS = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-import onnx.checker
+import onnx.shape_inference
 path = os.fsdecode(sys.stdin.buffer.read())
 if path:
     try:
-        onnx.checker.check_model(path, full_check=True)
+        onnx.shape_inference.infer_shapes_path(path, os.devnull, check_type=True, strict_mode=True)
         said = "P"
     except Exception as e:
         said = "F" + type(e).__name__ + "\\0" + str(e)
@@ -52,7 +56,7 @@ if path:
 """
 
 
-def checker_failure(model: _Checkable, limit: int = 1000) -> str | None:
+def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
     """The first line of what `onnx.checker.check_model(full_check=True)` says against a model
     file (or a model in memory), or None when it passes: how a failure is told to be the
     input's or ours."""
@@ -63,7 +67,7 @@ def checker_failure(model: _Checkable, limit: int = 1000) -> str | None:
     return None
 
 
-def _said_line(type_name: str, text: str, limit: int = 1000) -> str:
+def _said_line(type_name: str, text: str, limit: int = _LIMIT) -> str:
     """`first_line` of an exception known by its type's name and its text."""
     text = text.strip()
     return text.splitlines()[0][:limit] if text else type_name
@@ -81,7 +85,7 @@ class CheckerRun:
         if separate:
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-P", "-c", _CHECKER_PROCESS],
+                    [sys.executable, "-P", "-c", _INFERENCE_PROCESS],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 )
             except OSError as e:
@@ -103,19 +107,27 @@ class CheckerRun:
                 self.close()
 
     def result(self) -> str | None:
-        """What `checker_failure(path)` says: the checker's first line, or None when it passes."""
+        """What `checker_failure(path)` says: the checker's first line, or None when it passes.
+
+        onnx's full check is its checks, then strict shape inference (`check_model` with
+        `full_check=True`): with a process of its own the inference runs there while the
+        checks run here, and the checks' failure comes first, as in the full check."""
         assert self._path is not None, "check(path) first"
-        said = b""
-        if self._process is not None and self._process.stdout is not None:
-            said = self._process.stdout.read()
+        if self._process is None or self._process.stdout is None:
+            return checker_failure(self._path)
+        try:
+            onnx.checker.check_model(str(self._path), full_check=False)
+        except Exception as e:
             self.close()
+            return first_line(e, _LIMIT)
+        said = self._process.stdout.read()
+        self.close()
         if said[:1] == b"P":
             return None
         if said[:1] == b"F":
             type_name, _, text = said[1:].decode("utf-8", "replace").partition("\0")
             return _said_line(type_name, text)
-        if said or self._process is not None:
-            logger.debug("the checker's process ended without a verdict: checking in this process")
+        logger.debug("the checker's process ended without a verdict: checking in this process")
         return checker_failure(self._path)
 
     def close(self) -> None:

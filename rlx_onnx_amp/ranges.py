@@ -228,8 +228,7 @@ class NumericFacts:
             values = np.abs(np.frombuffer(b"".join(raw for _, raw in small), dtype=np.float32))
             values = np.where(np.isfinite(values), values, np.float32(0))
             starts = np.cumsum([0] + [len(raw) // 4 for _, raw in small[:-1]])
-            for (key, _), top in zip(small, np.maximum.reduceat(values, starts)):
-                found_max[key] = float(top)
+            found_max.update(zip([key for key, _ in small], np.maximum.reduceat(values, starts).tolist()))
         return found_max
 
     def _max_of(self, holder: TensorProto | NodeProto) -> float | None:

@@ -141,9 +141,10 @@ def all_graphs(graph: GraphProto) -> list[GraphProto]:
     return [g for g, _ in _graphs_and_tensor_holders(graph)]
 
 
-def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
-    """Every initializer and tensor attribute (Constant values) of a model, bodies included."""
-    for graph, holders in _graphs_and_tensor_holders(model.graph):
+def all_tensors(model: ModelProto, fields: NodeFields | None = None) -> Iterator[TensorProto]:
+    """Every initializer and tensor attribute (Constant values) of a model, bodies included.
+    `fields`: the main graph's nodes already read (`NodeFields`)."""
+    for graph, holders in _graphs_and_tensor_holders(model.graph, fields):
         yield from graph.initializer
         for node in holders:
             for attr in node.attribute:
@@ -151,19 +152,28 @@ def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
                     yield attr.t
 
 
-def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list[onnx.NodeProto]]]:
+def _graphs_and_tensor_holders(
+    graph: GraphProto, fields: NodeFields | None = None
+) -> list[tuple[GraphProto, list[onnx.NodeProto]]]:
     """Each graph (outer first) with its nodes that may hold tensor attributes, in one read of
-    each node's op type (and domain where the op type alone cannot tell)."""
+    each node's op type (and domain where the op type alone cannot tell); `fields`: the
+    graph's nodes already read."""
     holders: list[onnx.NodeProto] = []
     nested: list[GraphProto] = []
-    for node in graph.node:
-        op = node.op_type
+    if fields is not None:
+        rows: Iterable[tuple[onnx.NodeProto, str, str | None]] = zip(fields.nodes, fields.ops, fields.domains)
+        if DEFAULT_DOMAINS.issuperset(fields.domains):  # most graphs: only the holders' names matter
+            ops, nodes = fields.ops, fields.nodes
+            rows = [(nodes[i], op, "") for i, op in enumerate(ops) if op in _ATTRIBUTE_HOLDER_NAMES]
+    else:
+        rows = ((node, node.op_type, None) for node in graph.node)
+    for node, op, domain in rows:
         if op in _ATTRIBUTE_HOLDER_NAMES:
             holders.append(node)
-            if op in GRAPH_OPS or node.domain not in DEFAULT_DOMAINS:
+            if op in GRAPH_OPS or (node.domain if domain is None else domain) not in DEFAULT_DOMAINS:
                 nested.extend(sub for _, sub in subgraphs(node))
             continue
-        domain = node.domain
+        domain = node.domain if domain is None else domain
         if domain in DEFAULT_DOMAINS or (domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS):
             continue  # an op of onnx's domains without tensor or graph attributes
         holders.append(node)

@@ -22,7 +22,7 @@ from rlx_onnx_amp.rewrite.summary import fill_report
 from rlx_onnx_amp.tensors import WeightSink, WeightSource
 from rlx_onnx_amp.types import NodeFields, sort_topologically
 
-__all__ = ["RewrittenModel", "conversion_passes", "convert_model", "rewrite_model"]
+__all__ = ["RewrittenModel", "conversion_passes", "convert_model", "gc_paused", "rewrite_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,16 +92,19 @@ def rewrite_model(
     report: ConversionReport | None = None,
     weights: bool = True,
     progress: Callable[[int], None] | None = None,
+    fields: NodeFields | None = None,
 ) -> Iterator[RewrittenModel]:
     """`convert_model` up to its report, as a context: the model is rewritten in place and
     ready to save; `finish()` fills the report and returns it. The garbage collector stays
     paused until the context ends (it would walk the live plan), and the plan is freed then
-    if `finish` was not called."""
+    if `finish` was not called. `fields`: the main graph's nodes as the loader read them
+    (`types.NodeFields`), not read again."""
     options = options or ConvertOptions()
     report = report or ConversionReport()
-    with _gc_paused():
+    with gc_paused():
         plan, passes = _plan(
-            model, policy, options, report, source or WeightSource(None), sink or WeightSink(), weights, progress
+            model, policy, options, report, source or WeightSource(None), sink or WeightSink(), weights, progress,
+            fields,
         )
         conversion = passes[0].cx
         conversion.report_at_emit = False  # finish() fills it
@@ -138,6 +141,7 @@ def _plan(
     sink: WeightSink,
     weights: bool,
     progress: Callable[[int], None] | None = None,
+    fields: NodeFields | None = None,
 ) -> tuple[Plan, tuple[DecidePass, StorePass, EmitPass]]:
     report.policy = policy
     report.target = options.target.value
@@ -145,7 +149,7 @@ def _plan(
         raise InputError(f"{report.model or 'model'}: the graph is empty")
     # The passes type values in node order: nodes out of order (onnxruntime loads such a model,
     # the checker does not) are put in order first, and the report counts it as a change.
-    fields = NodeFields.read(model.graph)
+    fields = fields if fields is not None else NodeFields.read(model.graph)
     reordered = sort_topologically(model.graph, fields=fields)
     if reordered:
         logger.info("%d graphs had nodes out of topological order: sorted", reordered)
@@ -156,7 +160,7 @@ def _plan(
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: the sweeps allocate a few objects per node and free
     them by reference counting, but each full collection walks every live one (a fifth of the
     time on a 200,000-node graph)."""
