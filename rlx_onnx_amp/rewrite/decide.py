@@ -27,7 +27,6 @@ from rlx_onnx_amp.schema import signature
 from rlx_onnx_amp.taxonomy import ANY_FLOAT_INPUTS, DEFAULT_DOMAINS, OpKind, kind_of
 from rlx_onnx_amp.types import (
     ATTRIBUTE_TYPED_OUTPUTS,
-    GRAPH_OPS,
     FreshNames,
     NodeFields,
     ScopeTypes,
@@ -127,11 +126,12 @@ class DecidePass(Pass[Plan]):
             templates.get, templates.type_from, self._decision, scope.decisions.append, scope.record
         )
         no_bodies: list[Scope] = []
+        holders = set(fields.body_holders())  # the nodes that may hold bodies; most graphs have none
+        node_rules = self.node_rules
         rows = zip(fields.nodes, fields.ops, fields.domains, fields.inputs, fields.outputs, fields.names)
         for i, (node, op, domain, ins, outs, name) in enumerate(rows):
             path = f"{prefix}{i}"
-            holds_body = op in GRAPH_OPS or domain not in DEFAULT_DOMAINS
-            children = self._bodies(scope, node, path, types) if holds_body else no_bodies
+            children = self._bodies(scope, node, path, types) if holders and i in holders else no_bodies
             if children:
                 scope.children[i] = children
             key_types = (
@@ -144,7 +144,14 @@ class DecidePass(Pass[Plan]):
             key = (domain, op, key_types, attr_type, len(outs)) if templated and not children else None
             template = get_template(key) if key is not None else None
             if template is not None and type_from(template, outs, orig):
-                decision = decide(template.outcome, path, node, op, domain, ins, outs, name, scope)
+                kind, code, reason, precision, input_types, output_types, source, keepable = template.outcome
+                if source or (keepable and node_rules):
+                    decision = decide(template.outcome, path, node, op, domain, ins, outs, name, scope)
+                else:  # most nodes: the template's outcome as it is, without a call
+                    decision = NodeDecision(
+                        path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, False,
+                        keepable, code, name,
+                    )
             else:
                 facts, derived = self._facts(
                     node, path, scope, children, op, domain, ins, outs, key_types, attr_type, types

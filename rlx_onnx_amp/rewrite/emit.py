@@ -167,7 +167,8 @@ class EmitPass(Pass[Plan]):
         """
         is_main = scope.parent is None
         count = len(scope.decisions)
-        scope.positions = [_slot(i, _NODE) for i in range(count)]
+        # _slot(i, _NODE) of every node i, as one range
+        scope.positions = list(range(_slot(0, _NODE), _slot(count, _NODE), _slot(1, _READ)))
         back = self._rename_low_outputs(scope)
         if is_main:
             self.values.output_types = {name: want for name, (_, want) in back.items()}

@@ -9,6 +9,7 @@ repeat a few dozen of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from rlx_onnx_amp.precision import Precision
@@ -55,9 +56,8 @@ class Templates:
 
     def __init__(self) -> None:
         self._by_key: dict[TemplateKey, Template] = {}
-
-    def get(self, key: TemplateKey) -> Template | None:
-        return self._by_key.get(key)
+        #: The template of a key, or None: the dict's own get (a call per node of the graph).
+        self.get: Callable[[TemplateKey], Template | None] = self._by_key.get
 
     @staticmethod
     def type_from(template: Template, outs: list[str], orig: dict[str, int]) -> bool:
