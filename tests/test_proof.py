@@ -191,3 +191,31 @@ def test_the_collector_runs_again_after_a_conversion_however_it_ends(tmp_path: P
     with OutputSet() as staging, pytest.raises(api.InputError, match="not a valid ONNX model"):
         api.stage_conversion(bad, tmp_path / "o2.onnx", staging, RunPaths(), "always-f16")
     assert gc.isenabled()
+
+
+def test_the_separate_checker_agrees_on_what_the_fuzzer_breaks(tmp_path: Path) -> None:
+    """Of the fuzzer's mutants (seed 7) the full checker refuses, the first 8 its checks pass
+    (the inference in CheckerRun's process refuses them) and the first 8 its checks refuse:
+    the same first line from CheckerRun (bench/checker_split.py compares 1,500 in one process)."""
+    from tools.fuzz_mutants import make_mutant, write_mutant
+
+    compared = {True: 0, False: 0}  # by whether the checks before the inference pass
+    for index in range(400):
+        path = write_mutant(make_mutant(7, index), tmp_path / str(index))
+        here = checker_failure(path)
+        if here is None:
+            continue
+        try:
+            onnx.checker.check_model(str(path), full_check=False)
+            checks_pass = True
+        except Exception:
+            checks_pass = False
+        if compared[checks_pass] == 8:
+            continue
+        with CheckerRun(True) as run:
+            run.check(path)
+            assert run.result() == here, index
+        compared[checks_pass] += 1
+        if min(compared.values()) == 8:
+            break
+    assert compared == {True: 8, False: 8}
