@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from rlx_onnx_amp.errors import InputError, ModelRunError, first_line
 from rlx_onnx_amp.files import ScratchDir
@@ -71,8 +72,6 @@ class VerifyOptions:
 
 def resolve_provider(name: str) -> str:
     """The short name of the provider to use; an unavailable one is an error, never a fallback."""
-    import onnxruntime as ort  # here, not at import: a conversion without verification never loads it
-
     available = ort.get_available_providers()
     if name == "auto":
         return next(p for p in _AUTO_ORDER if PROVIDERS[p] in available)
@@ -102,8 +101,6 @@ class Session:
     since it reads external data files only from the model's own directory."""
 
     def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
-        import onnxruntime as ort
-
         opts = ort.SessionOptions()
         opts.log_severity_level = 4  # fatal only: an error reaches the user as one line, from the exception
         opts.intra_op_num_threads = _SESSION_THREADS.get()
