@@ -89,7 +89,7 @@ def test_a_signal_while_a_worker_waits_for_work_ends_it_quietly(tmp_path: Path, 
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     out.mkdir()
-    long_model = write_external(mlp_external(width=4096), inp / "long.onnx")
+    long_model = write_external(mlp_external(width=5120), inp / "long.onnx")  # 2 x 100 MiB: seconds
     tiny = []
     for k in range(2):
         path = inp / f"tiny{k}.onnx"
@@ -104,8 +104,8 @@ def test_a_signal_while_a_worker_waits_for_work_ends_it_quietly(tmp_path: Path, 
     while not all((out / p.name).exists() for p in tiny) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all((out / p.name).exists() for p in tiny), "the tiny models were never written"
-    assert proc.poll() is None, "the long model finished before the signal: nothing was tested"
     time.sleep(0.3)  # the idle workers back in the queue
+    assert proc.poll() is None and not (out / "long.onnx").exists(), "the long model finished first: nothing tested"
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == (130 if signum == signal.SIGINT else 143), (proc.returncode, stderr)
