@@ -310,13 +310,14 @@ def stage_conversion(
     paths.check()
     source = WeightSource(src.parent, str(src))
     outputs.protect(paths.protected())
-    external = any(is_external(t) for t in tensors) or sum(tensor_nbytes(t) for t in tensors) > EXTERNAL_THRESHOLD
+    sizes = [tensor_nbytes(t) for t in tensors]
+    external = any(is_external(t) for t in tensors) or sum(sizes) > EXTERNAL_THRESHOLD
     report = report if report is not None else ConversionReport()
     report.model, report.output = str(src), str(dst)
     staged_model = outputs.stage(dst, OutputSet.MODEL)
     stage = staged_model.parent
     sink: WeightSink = ExternalSink(stage / ".data.partial", data_name or ".data.partial") if external else WeightSink()
-    total, done = sum(tensor_nbytes(t) for t in model.graph.initializer), 0
+    total, done = sum(sizes[: len(model.graph.initializer)]), 0  # all_tensors yields these first
 
     def step(nbytes: int) -> None:
         nonlocal done

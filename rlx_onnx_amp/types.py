@@ -132,7 +132,7 @@ def scoped_graphs(graph: GraphProto, fields: NodeFields | None = None) -> list[t
             for key, body in subgraphs(nodes[i]):
                 walk(body, f"{scope}{i}/{key}/", range(len(body.node)))
 
-    walk(graph, "", fields.body_holders() if fields is not None else range(len(graph.node)))
+    walk(graph, "", fields.holders if fields is not None else range(len(graph.node)))
     return found
 
 
@@ -219,6 +219,9 @@ class NodeFields(NamedTuple):
     outputs: list[list[str]]
     names: list[str]
     nodes: list[onnx.NodeProto]
+    #: The indices of the nodes that may hold graphs (`subgraphs` reads their attributes): of
+    #: the default domain's ops only GRAPH_OPS do, any other domain's op may.
+    holders: list[int]
 
     @classmethod
     def read(cls, graph: GraphProto) -> NodeFields:
@@ -237,15 +240,11 @@ class NodeFields(NamedTuple):
             read_in(n.input[:])
             read_out(n.output[:])
             name(n.name)
-        return cls(ops, domains, inputs, outputs, names, nodes)
-
-    def body_holders(self) -> list[int]:
-        """The indices of the nodes that may hold graphs (`subgraphs` reads their attributes):
-        of the default domain's ops only GRAPH_OPS do, any other domain's op may."""
-        ops, domains = self.ops, self.domains
         if GRAPH_OPS.isdisjoint(ops) and DEFAULT_DOMAINS.issuperset(domains):  # most graphs: set checks only
-            return []
-        return [i for i, op in enumerate(ops) if op in GRAPH_OPS or domains[i] not in DEFAULT_DOMAINS]
+            holders = []
+        else:
+            holders = [i for i, op in enumerate(ops) if op in GRAPH_OPS or domains[i] not in DEFAULT_DOMAINS]
+        return cls(ops, domains, inputs, outputs, names, nodes, holders)
 
 
 def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), fields: NodeFields | None = None) -> int:
@@ -263,7 +262,7 @@ def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), f
     reordered = 0
     known = set(defined)
     in_order = True
-    holders = read.body_holders()
+    holders = read.holders
     has, add = known.issuperset, known.update
     # The common case, in order: one pass of set checks (a body's reads only at its holder).
     if not holders:
@@ -286,7 +285,7 @@ def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), f
         nodes = read.nodes
     if holders:
         names = frozenset(known)
-        for i in read.body_holders():
+        for i in read.holders:
             for _, body in subgraphs(nodes[i]):
                 reordered += sort_topologically(body, names)
     return reordered

@@ -126,7 +126,7 @@ class DecidePass(Pass[Plan]):
             templates.get, templates.type_from, self._decision, scope.decisions.append, scope.record
         )
         no_bodies: list[Scope] = []
-        holders = set(fields.body_holders())  # the nodes that may hold bodies; most graphs have none
+        holders = set(fields.holders)  # the nodes that may hold bodies; most graphs have none
         node_rules = self.node_rules
         rows = zip(fields.nodes, fields.ops, fields.domains, fields.inputs, fields.outputs, fields.names)
         for i, (node, op, domain, ins, outs, name) in enumerate(rows):
