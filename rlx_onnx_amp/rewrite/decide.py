@@ -122,9 +122,8 @@ class DecidePass(Pass[Plan]):
         used.update(itertools.chain.from_iterable(fields.outputs))
         used.update(fields.names)
         # Bound once: the loop runs once per node of the graph.
-        get_template, type_from, decide, append, record = (
-            templates.get, templates.type_from, self._decision, scope.decisions.append, scope.record
-        )
+        get_template, type_from = templates.get, templates.type_from
+        append, record = scope.decisions.append, scope.record
         no_bodies: list[Scope] = []
         holders = set(fields.holders)  # the nodes that may hold bodies; most graphs have none
         node_rules = self.node_rules
@@ -144,14 +143,7 @@ class DecidePass(Pass[Plan]):
             key = (domain, op, key_types, attr_type, len(outs)) if templated and not children else None
             template = get_template(key) if key is not None else None
             if template is not None and type_from(template, outs, orig):
-                kind, code, reason, precision, input_types, output_types, source, keepable = template.outcome
-                if source or (keepable and node_rules):
-                    decision = decide(template.outcome, path, node, op, domain, ins, outs, name, scope)
-                else:  # most nodes: the template's outcome as it is, without a call
-                    decision = NodeDecision(
-                        path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, False,
-                        keepable, code, name,
-                    )
+                outcome = template.outcome
             else:
                 facts, derived = self._facts(
                     node, path, scope, children, op, domain, ins, outs, key_types, attr_type, types
@@ -159,7 +151,16 @@ class DecidePass(Pass[Plan]):
                 outcome = self._outcome(facts)
                 if key is not None:
                     templates.offer(key, derived, facts.out_types, outs, domain, op, outcome)
-                decision = decide(outcome, path, node, op, domain, ins, outs, name, scope)
+            # The node's decision from its outcome (built here: once per node), then the per-node rules.
+            kind, code, reason, precision, input_types, output_types, source, keepable = outcome
+            if source:  # the store pass settles a source's precision on its own copy
+                input_types, output_types = dict(input_types), dict(output_types)
+            decision = NodeDecision(
+                path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, source,
+                keepable, code, name,
+            )
+            if keepable and node_rules:
+                self._apply_node_rules(decision, scope)
             append(decision)
             for child in children:
                 self.decide_scope(child, types)
@@ -180,30 +181,6 @@ class DecidePass(Pass[Plan]):
             children.append(Scope(sub, child_path, scope, types.get(child_path, {})))
             self.cx.collect_names(sub)
         return children
-
-    def _decision(
-        self,
-        outcome: Outcome,
-        path: str,
-        node: NodeProto,
-        op: str,
-        domain: str,
-        ins: list[str],
-        outs: list[str],
-        name: str,
-        scope: Scope,
-    ) -> NodeDecision:
-        """The node's decision from its outcome, then the per-node rules over it."""
-        kind, code, reason, precision, input_types, output_types, source, keepable = outcome
-        if source:  # the store pass settles a source's precision on its own copy
-            input_types, output_types = dict(input_types), dict(output_types)
-        decision = NodeDecision(
-            path, node, kind, op, domain, ins, outs, precision, input_types, output_types, reason, source, keepable,
-            code, name,
-        )
-        if keepable and self.node_rules:
-            self._apply_node_rules(decision, scope)
-        return decision
 
     def _apply_node_rules(self, d: NodeDecision, scope: Scope) -> None:
         """The rules that depend on the node itself (its name, its path, the values it reads),
