@@ -166,19 +166,12 @@ class Scope:
         type, and the types it reads the values whose storage follows their consumers at."""
         defined, producer, storage, tracked = self.defined, self.producer, self.storage, self.tracked
         output_types, input_types = decision.output_types, decision.input_types
-        if len(outs) == 1 and outs[0]:  # most nodes, without the loop
-            name = outs[0]
-            defined.add(name)
-            producer[name] = decision
-            if 0 in output_types:
-                storage[name] = output_types[0]
-        else:
-            for k, name in enumerate(outs):
-                if name:
-                    defined.add(name)
-                    producer[name] = decision
-                    if k in output_types:
-                        storage[name] = output_types[k]
+        for k, name in enumerate(outs):
+            if name:
+                defined.add(name)
+                producer[name] = decision
+                if k in output_types:
+                    storage[name] = output_types[k]
         if decision.source and outs and outs[0]:
             tracked.add(outs[0])
         # Which types consumers read a value at matters only for values whose storage
