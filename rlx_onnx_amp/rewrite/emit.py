@@ -167,8 +167,7 @@ class EmitPass(Pass[Plan]):
         """
         is_main = scope.parent is None
         count = len(scope.decisions)
-        # _slot(i, _NODE) of every node i, as one range
-        scope.positions = list(range(_slot(0, _NODE), _slot(count, _NODE), _slot(1, _READ)))
+        scope.positions = list(range(_slot(0, _NODE), _slot(count, _NODE), _SLOTS))  # _slot(i, _NODE) of every i
         back = self._rename_low_outputs(scope)
         if is_main:
             self.values.output_types = {name: want for name, (_, want) in back.items()}
@@ -372,12 +371,13 @@ def _fixed_types(model: ModelProto) -> dict[str, int]:
 
 
 #: Where an inserted Cast sorts relative to node i (emit_scope): the Casts it reads, the node,
-#: the Cast back to a graph output it computes.
+#: the Cast back to a graph output it computes; `_SLOTS` keys per node.
 _READ, _NODE, _BACK = 0, 1, 2
+_SLOTS = 3
 
 
 def _slot(i: int, where: int) -> int:
-    return 3 * i + where
+    return _SLOTS * i + where
 
 
 @functools.cache
