@@ -262,22 +262,15 @@ def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), f
     reordered = 0
     known = set(defined)
     in_order = True
-    holders = read.holders
+    holders = set(read.holders)
     has, add = known.issuperset, known.update
     # The common case, in order: one pass of set checks (a body's reads only at its holder).
-    if not holders:
-        for ins, outs in zip(read.inputs, read.outputs):
-            if not has(ins):
-                in_order = False
-                break
-            add(outs)
-    else:
-        holding = set(holders)
-        for i, (ins, outs) in enumerate(zip(read.inputs, read.outputs)):
-            if not has(ins if i not in holding else _reads(nodes[i])):
-                in_order = False
-                break
-            add(outs)
+    for i, (ins, outs) in enumerate(zip(read.inputs, read.outputs)):
+        if not has(_reads(nodes[i]) if holders and i in holders else ins):
+            in_order = False
+            break
+        add(outs)
+    if holders:
         known.update(itertools.chain.from_iterable(read.outputs))  # for the bodies: every value of this graph
     if not in_order and _sort_nodes(graph, nodes, defined):
         reordered += 1
