@@ -10,6 +10,7 @@ __all__ = [
     "ModelRunError",
     "PolicyError",
     "first_line",
+    "message_first_line",
 ]
 
 
@@ -36,5 +37,11 @@ class ModelRunError(AmpError):
 def first_line(e: BaseException, limit: int = 200) -> str:
     """An exception's message cut to its first line (for one-line errors); its type's name
     when it has none."""
-    text = str(e).strip()
-    return text.splitlines()[0][:limit] if text else type(e).__name__
+    return message_first_line(type(e).__name__, str(e), limit)
+
+
+def message_first_line(type_name: str, message: str, limit: int = 200) -> str:
+    """`first_line` of an exception known only by its type's name and its message (one
+    raised in another process)."""
+    text = message.strip()
+    return text.splitlines()[0][:limit] if text else type_name

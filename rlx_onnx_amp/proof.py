@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto
 
-from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.errors import AmpError, InputError, first_line, message_first_line
 from rlx_onnx_amp.reports.conversion import ConversionReport
 
 __all__ = ["SEPARATE_CHECK_NODES", "CheckerRun", "checker_failure", "onnxruntime_failure", "prove"]
@@ -67,12 +67,6 @@ def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
     except Exception as e:
         return first_line(e, limit)
     return None
-
-
-def _said_line(type_name: str, text: str, limit: int = _LIMIT) -> str:
-    """`first_line` of an exception known by its type's name and its text."""
-    text = text.strip()
-    return text.splitlines()[0][:limit] if text else type_name
 
 
 class CheckerRun:
@@ -128,7 +122,7 @@ class CheckerRun:
             return None
         if said[:1] == b"F":
             type_name, _, text = said[1:].decode("utf-8", "replace").partition("\0")
-            return _said_line(type_name, text)
+            return message_first_line(type_name, text, _LIMIT)
         logger.debug("the checker's process ended without a verdict: checking in this process")
         return checker_failure(self._path)
 
