@@ -195,11 +195,8 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             if found is not None:  # the input's weights are elsewhere: the checker cannot tell whose fault
                 raise AmpError(f"{report.model}: the converted model fails onnx.checker ({found}); check=False skips")
             report.proof = "onnx.checker"
-        elif proto.ByteSize() < PROTOBUF_LIMIT:
-            if checker_failure(proto) is None:
-                report.proof = "onnx.checker"
-            else:  # the input, serialized again only now, tells whose fault it is
-                prove(proto, ir.to_proto(model), report, report.model, report.model)
+        elif proto.ByteSize() < PROTOBUF_LIMIT:  # the input, serialized again only if the output fails
+            prove(proto, lambda: ir.to_proto(model), report, report.model, report.model)
 
     def _verify(self, model: ir.Model, converted: ir.Model) -> None:
         from rlx_onnx_amp.verification import verify

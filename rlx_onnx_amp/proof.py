@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -164,7 +165,7 @@ def onnxruntime_failure(model: _Checkable, limit: int = 400, provider: str = "CP
 
 def prove(
     output: _Checkable,
-    source: _Checkable,
+    source: _Checkable | Callable[[], _Checkable],
     report: ConversionReport,
     source_label: str,
     label: str,
@@ -174,11 +175,14 @@ def prove(
     passes on it; or, for an input the checker refuses (onnxruntime's own ops in the default
     domain, as onnxruntime-genai's builder writes them), onnxruntime loads the input and the
     output alike. Anything else is bad input (InputError) or a bug of ours (AmpError).
+    `source` may be a function that makes it, called only when the output fails the checker;
     `checked`: the checker already given `output`'s file."""
     found = checked.result() if checked is not None else checker_failure(output)
     if found is None:
         report.proof = "onnx.checker"
         return
+    if callable(source):
+        source = source()
     first = checker_failure(source)
     if first is None:  # the input was valid, so this is our bug: say so, with the checker's words
         raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
