@@ -97,7 +97,7 @@ class JobSettings:
     repair: bool = False
     budget: int = DEFAULT_BUDGET
     data_name: str | None = None
-    screen: bool = True  # rule range-screen from the reference run (not with --repair: it screens itself)
+    screen: bool = True  # rule range-screen from the reference run (unread with --repair: it screens itself)
     verify_required: bool = False  # --verify: a reference that cannot run is an error, not exit 4
     quiet: bool = False
     verbose: int = 0

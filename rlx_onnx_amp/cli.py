@@ -410,7 +410,7 @@ def convert_cmd(
             repair=do_repair,
             budget=repair_budget,
             data_name=data_name,
-            screen=screen and not do_repair,
+            screen=screen,
             verify_required=bool(do_verify),
             quiet=quiet,
             verbose=verbose,

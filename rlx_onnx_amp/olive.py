@@ -204,7 +204,7 @@ def _settings(values: dict[str, Any]) -> JobSettings:
         repair=bool(values["repair"]),
         budget=values["repair_budget"],
         data_name=values.get("external_data_name"),
-        screen=bool(values["screen"]) and not values["repair"],
+        screen=bool(values["screen"]),
         verify_required=bool(values["verify_required"]),
     )
 
@@ -215,12 +215,12 @@ def _verify_options(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) 
     inputs = values.get("inputs")
     if inputs is not None and not os.path.exists(inputs):
         raise RlxAmpError(f"RlxAmp: inputs: {inputs}: no such file or directory")
-    given = {name: [repr(float(values[name]))] for name in _TOLERANCES if values.get(name) is not None}
+    given = {name: float(values[name]) for name in _TOLERANCES if values.get(name) is not None}
     options = VerifyOptions(
         provider=values["provider"],
         inputs=str(inputs) if inputs is not None else None,
         spec=InputSpec(shapes, {}, values["seed"], values["samples"]),
-        tolerance=Tolerances.parse(**given),
+        tolerance=Tolerances.of(**given),
     )
     resolve_provider(options.provider)  # an unavailable provider is an error before any work
     return options
