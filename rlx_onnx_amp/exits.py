@@ -125,10 +125,13 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextlib.contextmanager
 def stop_handlers() -> Iterator[None]:
-    """A new run: the stop forgotten, SIGTERM raising `Terminated`, SIGINT `KeyboardInterrupt`
-    (not where SIGINT is ignored); the handlers before it are back when the block ends."""
+    """A new run: the stop (and a signal held during a commit) forgotten, SIGTERM raising
+    `Terminated`, SIGINT `KeyboardInterrupt` (not where SIGINT is ignored); the handlers before
+    it are back when the block ends."""
+    global _held_during_commit
     previous = {number: signal.getsignal(number) for number in _STOP_SIGNALS}
     request_stop(None)
+    _held_during_commit = False  # an earlier run's, in this process
     signal.signal(signal.SIGTERM, raise_terminated)
     if previous[signal.SIGINT] is signal.default_int_handler:
         signal.signal(signal.SIGINT, raise_interrupted)

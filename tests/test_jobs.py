@@ -269,3 +269,15 @@ def test_sessions_opened_inside_session_threads_get_that_many_threads(tmp_path: 
     with session_threads(1):
         assert threads() == 1
     assert threads() == 0  # onnxruntime's own choice, as a run in one process has it
+
+
+def test_a_new_run_forgets_a_signal_an_earlier_run_held_during_its_commit() -> None:
+    """stop_handlers starts a run: a SIGTERM that the commit of an earlier run in this process
+    held must not make this run say its outputs are complete."""
+    from rlx_onnx_amp import exits
+
+    with exits.stop_handlers(), pytest.raises(exits.Terminated), exits.signals_deferred(committing=True):
+        signal.raise_signal(signal.SIGTERM)  # held until the commit is done, then raised
+    assert exits.signal_held_during_commit()
+    with exits.stop_handlers():
+        assert not exits.signal_held_during_commit() and not exits.stop_requested()
