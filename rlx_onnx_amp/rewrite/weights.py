@@ -72,9 +72,13 @@ class Retyper:
         if self.batching and 0 < len(values) <= SMALL_TENSOR_ELEMENTS:
             self._batch(precision).add_values(attr.t, values, node.output[0])
             return
-        low, stats = narrow(np.array(values, dtype=np.float32).reshape(dims), precision)
-        self.cx.record_clamp(node.output[0], stats)
-        self.cx.sink.store(attr.t, low, precision.elem_type)
+        self._store_low(attr.t, np.array(values, dtype=np.float32).reshape(dims), precision, node.output[0])
+
+    def _store_low(self, tensor: TensorProto, values: np.ndarray, precision: Precision, label: str) -> None:
+        """Narrow `values` to `precision` (clamped and counted) and store them as `tensor`'s data."""
+        low, stats = narrow(values, precision)
+        self.cx.record_clamp(label, stats)
+        self.cx.sink.store(tensor, low, precision.elem_type)
 
     def _batch(self, precision: Precision) -> NarrowBatch:
         batch = self._batches.get(precision)
@@ -86,9 +90,7 @@ class Retyper:
         """Narrow a tensor attribute in place: small ones join a batch (see `NarrowBatch`)."""
         if self.batching and self._batch(precision).add(tensor, label):
             return
-        low, stats = narrow(self.cx.source.read(tensor), precision)
-        self.cx.record_clamp(label, stats)
-        self.cx.sink.store(tensor, low, precision.elem_type)
+        self._store_low(tensor, self.cx.source.read(tensor), precision, label)
 
     def run_batches(self) -> None:
         for batch in self._batches.values():
@@ -128,27 +130,24 @@ class Retyper:
             precision = precision_of_elem_type(target) if target is not None and target != init.data_type else None
             if precision is not None:
                 self.cx.edits += 1
+            # What it will take narrowed, from its size as f32 (a batch writes it later).
+            narrowed = before if precision is None else before // 4 * precision.info.np_dtype.itemsize
             if not self.cx.weights:
                 if precision is not None:
                     init.data_type = precision.elem_type  # for the cost model only: a dry run's data stays as it was
-                    self.cx.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
-                else:
-                    self.cx.report.initializer_bytes_after += before
+                self.cx.report.initializer_bytes_after += narrowed
                 continue
-            if precision is not None:
-                if self.batching and self._batch(precision).add(init, init.name):
-                    self.cx.report.initializer_bytes_after += before // 4 * precision.info.np_dtype.itemsize
-                    if self.cx.progress is not None:
-                        self.cx.progress(before)
-                    continue
-                stats, written = self.cx.sink.store_narrowed(init, self.cx.source, precision)
-                self.cx.record_clamp(init.name, stats)
-                self.cx.report.initializer_bytes_after += written
-            else:
+            if precision is None:
                 moved = is_external(init)
                 self.cx.sink.copy_through(init, self.cx.source)
                 self.cx.relocated = self.cx.relocated or moved or is_external(init)
                 self.cx.report.initializer_bytes_after += before
+            elif self.batching and self._batch(precision).add(init, init.name):
+                self.cx.report.initializer_bytes_after += narrowed
+            else:
+                stats, written = self.cx.sink.store_narrowed(init, self.cx.source, precision)
+                self.cx.record_clamp(init.name, stats)
+                self.cx.report.initializer_bytes_after += written
             if self.cx.progress is not None:
                 self.cx.progress(before)
 
