@@ -51,8 +51,8 @@ def fill_report(cx: Conversion, main: Scope) -> None:
 
 
 def _reported_precision(d: NodeDecision, scope: Scope) -> str | None:
-    if d.precision is not None:
-        return d.precision.value
+    """The precision a node kept at its original types is reported at: its first float output's
+    type, else its first float input's."""
     saw_float = False
     for names in (d.outputs, d.inputs):
         for n in names:
