@@ -61,11 +61,6 @@ class VerifyReport:
         return self.tolerance.criterion
 
     @property
-    def constant_outputs(self) -> dict[str, float]:
-        """Outputs whose reference holds one value everywhere: a pass there proves little."""
-        return {o.name: o.constant_reference for o in self.outputs if o.constant_reference is not None}
-
-    @property
     def passed(self) -> bool:
         return bool(self.outputs) and all(o.passed for o in self.outputs)
 
@@ -277,11 +272,10 @@ def verify(
         _check_interfaces(load_model(ref_path), cand_model, ref_path, Path(candidate_label or str(cand_path)))
         # One onnxruntime session at a time (the reference's outputs kept, its session
         # released, then the candidate's): verifying needs about one model's memory, not two.
-        try:
-            prepared = prepare_reference(ref_path, options, progress=progress)
-        except ReferenceUnavailable as e:
-            raise e.error from None
-    with Verification(prepared, options) as verification:
+        verification = Verification.prepare(ref_path, options, progress=progress)
+    else:
+        verification = Verification(prepared, options)
+    with verification:
         return verification.verify(cand_path, cand_model, label=candidate_label, outputs=outputs, progress=progress)
 
 
