@@ -358,12 +358,12 @@ def stage_conversion(
             with open(staged_model, "wb") as f:
                 f.write(serialized)
                 f.flush()
+                # A checker process reads the written bytes from the page cache: it starts before
+                # they reach the disk, which the commit needs, not the check.
+                if checker is not None:
+                    checker.check(staged_model)
                 os.fsync(f.fileno())
             del serialized, sink
-            # A checker in this process parses the file again after the graph is freed, so the
-            # two are never in memory together (a tensor reference keeps the whole model alive).
-            if checker is not None:
-                checker.check(staged_model)
             rewritten.finish()
             del model, tensors
             if checker is not None:
