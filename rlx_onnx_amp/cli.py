@@ -60,7 +60,7 @@ from rlx_onnx_amp.reports.text import (
     verify_table,
 )
 from rlx_onnx_amp.tensors import WeightSource
-from rlx_onnx_amp.verification import InputSpec, VerifyOptions, resolve_provider, verify
+from rlx_onnx_amp.verification import InputSpec, VerifyOptions, verify
 from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
 from rlx_onnx_amp.verification.reference import prepare_reference
 from rlx_onnx_amp.verification.tolerance import Tolerances
@@ -230,8 +230,6 @@ def _make_verify_options(
     min_cosine: Sequence[str],
     localize: bool,
 ) -> VerifyOptions:
-    if samples < 1:
-        raise InputError("--samples must be at least 1")
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
     spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
@@ -244,9 +242,7 @@ def _make_verify_options(
         localize=localize,
         save_inputs=save_inputs,
     )
-    resolve_provider(provider)  # an unavailable provider is exit 2 before any work
-    if inputs_path is not None and not os.path.exists(inputs_path):
-        raise InputError(f"--inputs: {inputs_path}: no such file or directory")
+    options.check()  # exit 2 before any work
     return options
 
 
@@ -672,9 +668,8 @@ def inspect_cmd(
             raise InputError(f"{'--inputs' if inputs_path else '--input-range'} needs --screen")
         if screen:
             spec = InputSpec(dict(options.shapes), dict(parse_range(r) for r in ranges))
-            if inputs_path is not None and not os.path.exists(inputs_path):
-                raise InputError(f"--inputs: {inputs_path}: no such file or directory")
             screen_options = VerifyOptions(provider="cpu", inputs=inputs_path, spec=spec)
+            screen_options.check()
             reference = prepare_reference(model, screen_options, screen=True)
             options = dataclasses.replace(options, value_ranges=reference.value_ranges)
         source = WeightSource(Path(model).parent, model)

@@ -21,7 +21,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,12 @@ except ImportError as e:  # olive itself, or what it imports without declaring i
 
 from rlx_onnx_amp.api import make_options, resolve_policy
 from rlx_onnx_amp.batch import ConvertJob, JobSettings, RunResults
-from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.errors import AmpError, InputError
 from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, EXIT_UNVERIFIED
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
 from rlx_onnx_amp.reports.record import ModelResult, report_text
-from rlx_onnx_amp.verification import InputSpec, VerifyOptions, resolve_provider
+from rlx_onnx_amp.verification import InputSpec, VerifyOptions
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
@@ -210,11 +209,7 @@ def _settings(values: dict[str, Any]) -> JobSettings:
 
 
 def _verify_options(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> VerifyOptions:
-    if values["samples"] < 1:
-        raise RlxAmpError("RlxAmp: samples must be at least 1")
     inputs = values.get("inputs")
-    if inputs is not None and not os.path.exists(inputs):
-        raise RlxAmpError(f"RlxAmp: inputs: {inputs}: no such file or directory")
     given = {name: float(values[name]) for name in _TOLERANCES if values.get(name) is not None}
     options = VerifyOptions(
         provider=values["provider"],
@@ -222,7 +217,10 @@ def _verify_options(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) 
         spec=InputSpec(shapes, {}, values["seed"], values["samples"]),
         tolerance=Tolerances.of(**given),
     )
-    resolve_provider(options.provider)  # an unavailable provider is an error before any work
+    try:
+        options.check(str)  # before any work, with the pass config's names
+    except InputError as e:
+        raise RlxAmpError(f"RlxAmp: {e}") from None
     return options
 
 

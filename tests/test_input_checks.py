@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from onnx import TensorProto
 from onnx import helper as h
@@ -133,6 +134,50 @@ def test_a_range_at_float32_max_is_accepted(tmp_path: Path) -> None:
 def test_a_range_past_the_input_type_is_refused(tmp_path: Path, elem: int, bounds: str) -> None:
     model = _model(tmp_path / "m.onnx", [1, 4], elem, op="Identity")
     _refused(rlx("verify", model, model, "--input-range", f"x:{bounds}", cwd=tmp_path), "--input-range x:", "input's")
+
+
+# ---- the verify options, checked before any work ------------------------------------------
+@pytest.mark.parametrize(
+    ("command", "args", "words"),
+    [
+        ("convert", ("--samples", "0"), ("--samples must be at least 1",)),
+        pytest.param(
+            "convert",
+            ("--provider", "coreml"),
+            ("--provider coreml: onnxruntime here has no CoreML",),
+            marks=pytest.mark.skipif(
+                "CoreMLExecutionProvider" in onnxruntime.get_available_providers(), reason="onnxruntime has CoreML"
+            ),
+        ),
+        ("convert", ("--inputs", "missing.npz"), ("--inputs: missing.npz: no such file or directory",)),
+        ("verify", ("--samples", "0"), ("--samples must be at least 1",)),
+        ("verify", ("--inputs", "missing.npz"), ("--inputs: missing.npz",)),
+        ("inspect", ("--screen", "--inputs", "missing.npz"), ("--inputs: missing.npz: no such file",)),
+    ],
+)
+def test_unusable_verify_options_are_one_line_before_any_work(
+    tmp_path: Path, command: str, args: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    # One check (VerifyOptions.check) for the convert and verify commands, inspect --screen and
+    # the Olive pass (tests/test_olive.py): no output, no scratch left.
+    model = _model(tmp_path / "m.onnx", [2, 4])
+    argv = {
+        "convert": (model, "-o", tmp_path / "out.onnx", *args),
+        "verify": ("verify", model, model, *args),
+        "inspect": ("inspect", model, *args),
+    }[command]
+    _refused(rlx(*argv, cwd=tmp_path), *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_verify_options_check_spells_options_as_told(tmp_path: Path) -> None:
+    from rlx_onnx_amp.verification import VerifyOptions
+
+    with pytest.raises(InputError, match=r"^samples must be at least 1$"):
+        VerifyOptions(spec=InputSpec(samples=0)).check(str)
+    with pytest.raises(InputError, match=r"^inputs: x\.npz: no such file or directory$"):
+        VerifyOptions(inputs="x.npz").check(str)
+    VerifyOptions(provider="cpu", inputs=str(_model(tmp_path / "m.onnx", [2]))).check()  # usable: no error
 
 
 # ---- a closed stdout -----------------------------------------------------------------------

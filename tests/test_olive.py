@@ -196,6 +196,10 @@ def test_pass_in_process_external_data_is_a_folder_model(tmp_path: Path) -> None
         ({"verify": False, "repair": True}, "repair verifies every candidate"),
         ({"verify": False, "atol": 0.5}, "atol does nothing with verify=False"),
         ({"policy": "always-f17"}, "always-f17"),
+        # The verify options' checks, shared with the CLI (VerifyOptions.check), in the config's names:
+        ({"samples": 0}, "RlxAmp: samples must be at least 1"),
+        ({"provider": "tpu"}, "RlxAmp: provider: unknown provider 'tpu'"),
+        ({"inputs": "/nonexistent/in.npz"}, "RlxAmp: inputs: /nonexistent/in.npz: no such file or directory"),
     ],
 )
 def test_pass_refuses_what_it_cannot_do(tmp_path: Path, options: dict[str, Any], message: str) -> None:

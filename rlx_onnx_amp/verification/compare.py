@@ -69,17 +69,28 @@ class VerifyOptions:
     localize_top: int = 10
     save_inputs: str | None = None
 
+    def check(self, option: Callable[[str], str] = "--{}".format) -> None:
+        """Raise InputError for what makes these options unusable, before any work: no sample
+        to run, a provider onnxruntime here lacks, an inputs file that is not there. `option`
+        spells an option's name as the caller's user gives it (the CLI's `--samples`, the Olive
+        pass's `samples`)."""
+        if self.spec.samples < 1:
+            raise InputError(f"{option('samples')} must be at least 1")
+        resolve_provider(self.provider, option("provider"))
+        if self.inputs is not None and not os.path.exists(self.inputs):
+            raise InputError(f"{option('inputs')}: {self.inputs}: no such file or directory")
 
-def resolve_provider(name: str) -> str:
+
+def resolve_provider(name: str, option: str = "--provider") -> str:
     """The short name of the provider to use; an unavailable one is an error, never a fallback."""
     available = ort.get_available_providers()
     if name == "auto":
         return next(p for p in _AUTO_ORDER if PROVIDERS[p] in available)
     if name not in PROVIDERS:
-        raise InputError(f"--provider: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
+        raise InputError(f"{option}: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
     if PROVIDERS[name] not in available:
         raise InputError(
-            f"--provider {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})"
+            f"{option} {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})"
         )
     return name
 
