@@ -197,12 +197,7 @@ class ConvertJob:
         except AmpError as e:
             return self._failed(src, str(e), e.exit_code)
         except Exception as e:
-            invalid = invalid_input([src])
-            if invalid is not None:
-                return self._failed(src, invalid, EXIT_USAGE)
-            traceback.print_exc()
-            bug = f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp"
-            return self._failed(src, bug, EXIT_INTERNAL)
+            return self._failed(src, *unexpected_failure(e, [src]))
 
     def _converted(self, result: ModelResult) -> None:
         """What a conversion prints: the warnings of options that matched nothing, its table and
@@ -299,6 +294,18 @@ def invalid_input(models: Sequence[str]) -> str | None:
         if first is not None:
             return f"{model}: not a valid ONNX model (onnx.checker: {first}); nothing written"
     return None
+
+
+def unexpected_failure(error: Exception, models: Sequence[str]) -> tuple[str, int]:
+    """What an exception that is no AmpError says, and its exit code: an input model that fails
+    onnx.checker is bad input (`invalid_input`, exit 2); anything else is a bug, whose traceback
+    goes to stderr now (exit 70)."""
+    invalid = invalid_input(models)
+    if invalid is not None:
+        return invalid, EXIT_USAGE
+    traceback.print_exception(error)
+    bug = f"internal error ({type(error).__name__}: {first_line(error)}); this is a bug in rlx-amp"
+    return f"{bug}, please report it with the model", EXIT_INTERNAL
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,14 +29,13 @@ from rlx_onnx_amp.batch import (
     RunResults,
     StagedProgress,
     convert_directory,
-    invalid_input,
     run_in_workers,
     status,
+    unexpected_failure,
 )
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
     EXIT_DRIFT,
-    EXIT_INTERNAL,
     EXIT_OK,
     EXIT_SIGINT,
     EXIT_SIGTERM,
@@ -97,15 +95,7 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
         except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
             raise
         except Exception as e:
-            invalid = invalid_input(inputs)
-            if invalid is not None:
-                fail(invalid)
-            traceback.print_exc()
-            fail(
-                f"internal error ({type(e).__name__}: {first_line(e)}); this is a bug in rlx-amp, "
-                "please report it with the model",
-                EXIT_INTERNAL,
-            )
+            fail(*unexpected_failure(e, inputs))
     sys.exit(code)
 
 

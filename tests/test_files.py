@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -519,3 +520,28 @@ def test_an_internal_error_keeps_its_traceback_and_exit_70(lay: Layout) -> None:
     assert "Traceback" in result.stderr and "simulated bug" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("rlx-amp: error: internal error (RuntimeError: simulated bug)")
     assert not list(lay.out.iterdir()) and not scratch_left(lay.tmp)
+
+
+def test_an_internal_error_in_one_model_of_a_batch_keeps_its_traceback_and_exit_70(lay: Layout) -> None:
+    # The batch says what the single command says (batch.unexpected_failure), for that model
+    # alone: the other model is written, the run's exit code is the bug's.
+    shutil.copy(lay.inp / "model.onnx", lay.inp / "other.onnx")
+    code = ("import rlx_onnx_amp.api as api, sys\n"
+            "real = api.rewrite_model\n"
+            "def broken(*a, **k):\n"
+            "    if k['report'].model.endswith('other.onnx'): raise RuntimeError('simulated bug')\n"
+            "    return real(*a, **k)\n"
+            "api.rewrite_model = broken\n"
+            "from rlx_onnx_amp.cli import main\n"
+            "sys.argv = ['rlx-amp', *sys.argv[1:3], '--out-dir', sys.argv[3], '--jobs', '1', '--no-verify', '-q']\n"
+            "main()\n")
+    argv = [sys.executable, "-c", code, str(lay.inp / "model.onnx"), str(lay.inp / "other.onnx"), str(lay.out)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(lay.tmp)})
+    assert result.returncode == 70, result.stderr
+    assert "Traceback" in result.stderr and "simulated bug" in result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("rlx-amp: error:")]
+    assert said == [
+        "rlx-amp: error: internal error (RuntimeError: simulated bug); this is a bug in rlx-amp, please report it "
+        "with the model"
+    ], result.stderr
+    assert sorted(p.name for p in lay.out.iterdir()) == ["model.onnx"] and not scratch_left(lay.tmp)
