@@ -171,40 +171,51 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             sink.close()
         if not report.changed:
             return ir_passes.PassResult(model, modified=False)
-        if self.check:
-            self._prove(proto, model, report, scratch)
-        converted = ir.from_proto(proto)
-        del proto
-        if scratch is not None:
-            _read_lazily(converted.graph, scratch)
-        if self.verify:
-            self._verify(model, converted)
+        # With external weights, the converted model as a file beside them in the scratch
+        # directory, written once for the checker and onnxruntime (each reads external data
+        # only beside a model file); the weights are not copied again.
+        written = scratch.dir / "converted.onnx" if scratch is not None and (self.check or self.verify) else None
+        try:
+            if written is not None:
+                written.write_bytes(proto.SerializeToString())
+            if self.check:
+                self._prove(proto, model, report, written)
+            converted = ir.from_proto(proto)
+            del proto
+            if scratch is not None:
+                _read_lazily(converted.graph, scratch)
+            if self.verify:
+                self._verify(model, converted, written)
+        finally:
+            if written is not None:
+                written.unlink(missing_ok=True)
         _adopt(model, converted)
         return ir_passes.PassResult(model, modified=True)
 
-    def _prove(self, proto: Any, model: ir.Model, report: ConversionReport, scratch: _Scratch | None) -> None:
+    def _prove(self, proto: Any, model: ir.Model, report: ConversionReport, written: Path | None) -> None:
         """What the CLI proves of what it writes (`api.prove`): onnx's full checker passes (or,
-        for an input the checker refuses, onnxruntime loads input and output alike)."""
-        if scratch is not None:  # the checker reads external data only beside a model file
-            path = scratch.dir / "converted.onnx"
-            path.write_bytes(proto.SerializeToString())
-            try:
-                found = checker_failure(path)
-            finally:
-                path.unlink()
+        for an input the checker refuses, onnxruntime loads input and output alike). `written`:
+        the converted model's file beside its external weights."""
+        if written is not None:
+            found = checker_failure(written)
             if found is not None:  # the input's weights are elsewhere: the checker cannot tell whose fault
                 raise AmpError(f"{report.model}: the converted model fails onnx.checker ({found}); check=False skips")
             report.proof = "onnx.checker"
         elif proto.ByteSize() < PROTOBUF_LIMIT:  # the input, serialized again only if the output fails
             prove(proto, lambda: ir.to_proto(model), report, report.model, report.model)
 
-    def _verify(self, model: ir.Model, converted: ir.Model) -> None:
+    def _verify(self, model: ir.Model, converted: ir.Model, written: Path | None) -> None:
+        """Run both models with onnxruntime, which reads files: the input is saved to a
+        temporary directory, the converted model too unless it is `written` already."""
         from rlx_onnx_amp.verification import verify
 
         with tempfile.TemporaryDirectory(prefix="rlx-amp-ir-verify-") as tmp:
-            ref, cand = Path(tmp) / "reference.onnx", Path(tmp) / "candidate.onnx"
+            ref = Path(tmp) / "reference.onnx"
             ir.save(model, ref, external_data="reference.onnx.data")
-            ir.save(converted, cand, external_data="candidate.onnx.data")
+            cand = written
+            if cand is None:
+                cand = Path(tmp) / "candidate.onnx"
+                ir.save(converted, cand, external_data="candidate.onnx.data")
             result = verify(ref, cand, self.verify_options)
         self.report.verify = result.to_json()
         if not result.passed:

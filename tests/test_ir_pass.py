@@ -262,6 +262,29 @@ def test_verify_passes_a_healthy_model() -> None:
     assert p.report.verify is not None and p.report.verify["passed"] is True
 
 
+def test_verify_with_external_weights_runs_the_file_the_checker_read(tmp_path: Path) -> None:
+    # The converted model is written once, beside its narrowed weights in the scratch directory,
+    # for the checker and onnxruntime alike: not saved again with a copy of every weight.
+    from rlx_onnx_amp.verification import VerifyOptions
+
+    src_dir, scratch = tmp_path / "src", tmp_path / "scratch"
+    src_dir.mkdir()
+    scratch.mkdir()
+    src = write_external(HEALTHY["mlp_external"](), src_dir / "mlp.onnx")
+    plain, verified = _typed(ir.load(src)), _typed(ir.load(src))
+    assert MixedPrecisionPass(policy="always-f16", scratch_dir=scratch)(plain).modified
+    p = MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"),
+                           scratch_dir=scratch)
+    assert p(verified).modified
+    assert p.report.verify is not None and p.report.verify["passed"] is True
+    candidate = Path(p.report.verify["candidate"])
+    assert candidate.name == "converted.onnx" and candidate.parent.parent == scratch
+    assert not candidate.exists() and [f.name for f in candidate.parent.iterdir()] == ["weights.data"]
+    # The same model as without verify, and its outputs within the f16 tolerance of the input's.
+    assert _shape(ir.to_proto(verified)) == _shape(ir.to_proto(plain))
+    assert all(o["max_abs"] < 0.05 for o in p.report.verify["outputs"])
+
+
 # ---- the extra and the example -------------------------------------------------------------
 
 def test_without_onnx_ir_the_import_says_what_to_install() -> None:
