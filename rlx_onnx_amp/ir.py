@@ -79,10 +79,11 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
 
     `verify=True` (with `verify_options`, a `rlx_onnx_amp.VerifyOptions`) runs the converted
     model against the input with onnxruntime before the caller's model is changed, and raises
-    `PostconditionError` when an output drifts past its tolerance. Both models are written to a
-    temporary directory for that (onnxruntime reads files). `scratch_dir` is where the
-    narrowed weights of a model with external data wait for `ir.save` (default: the system's
-    temporary directory).
+    `PostconditionError` when an output drifts past its tolerance. onnxruntime reads files: the
+    input is saved to a temporary directory for that, and the converted model too unless it has
+    external weights (then the file beside them in the scratch directory serves). `scratch_dir`
+    is where the narrowed weights of a model with external data wait for `ir.save` (default:
+    the system's temporary directory).
     """
 
     def __init__(
