@@ -84,3 +84,45 @@ def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.
             differ.append(name)
     assert differ == []
     assert len(models) - fell_back > 1400 and fell_back, (len(models), fell_back)  # most typed as they go; some cannot be
+
+
+def test_fresh_names_never_reuse_a_name_the_model_has() -> None:
+    # x and y (f32) feed ops run in f16: their Casts would make `x__f16` and `y__f16`, in nodes
+    # `x__f16__cast` and `y__f16__cast`. This model already has a value `x__f16`, an
+    # initializer `x__f16_1` and a node `y__f16__cast`: every name stays unique, the model is
+    # valid, and it computes what the input does.
+    import numpy as np
+    import onnxruntime as ort
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "y"))
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [4])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="y__f16__cast"),
+        helper.make_node("Add", ["r", "x__f16_1"], ["x__f16"], name="add"),
+        helper.make_node("Mul", ["x__f16", "y"], ["out"], name="mul"),
+    ]
+    weight = helper.make_tensor("x__f16_1", TensorProto.FLOAT, [4], [0.5, -1.0, 2.0, 0.25])
+    graph = helper.make_graph(nodes, "clash", [x, y], [out], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    converted = convert(model, "always-f16")
+    values = [o for n in converted.graph.node for o in n.output] + [t.name for t in converted.graph.initializer]
+    node_names = [n.name for n in converted.graph.node]
+    assert len(values) == len(set(values)) and len(node_names) == len(set(node_names))
+    casts = {n.input[0]: n for n in converted.graph.node if n.op_type == "Cast"}
+    assert casts["x"].output[0] == "x__f16_2" and casts["y"].output[0] == "y__f16"
+    assert casts["y"].name == "y__f16__cast_1"
+    feeds = {"x": np.array([1.0, -2.0, 3.0, 0.5], np.float32), "y": np.array([2.0, 1.0, -1.0, 4.0], np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3)
+
+
+def test_fresh_names_take_only_names_that_could_collide() -> None:
+    from rlx_onnx_amp.types import FreshNames
+
+    fresh = FreshNames(["a", "b_", "_c", "d__fp16"])
+    assert fresh.taken == {"d__fp16"}  # "b_" and "_c" never join into a mark
+    assert fresh("d__fp16") == "d__fp16_1" and fresh("a__fp16") == "a__fp16"
+    assert fresh("a__fp16") == "a__fp16_1"
+    with pytest.raises(ValueError, match="holds '__'"):
+        fresh("plain")

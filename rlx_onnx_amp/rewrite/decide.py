@@ -89,7 +89,7 @@ class DecidePass(Pass[Plan]):
         """Sweep 1 over the whole model: the main scope, every node decided."""
         graph = self.cx.model.graph
         self.cx.collect_names(graph)
-        names = set(self.cx.used_names)
+        names = set(self.cx.fresh.taken)
         declared = declared_types(graph)
         main = Scope(graph, "", None, declared or {})
         try:
@@ -118,9 +118,8 @@ class DecidePass(Pass[Plan]):
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         templated = not scope.has_qdq
         # Every output and node name is taken before the emit pass makes fresh ones.
-        used = self.cx.used_names
-        used.update(itertools.chain.from_iterable(fields.outputs))
-        used.update(fields.names)
+        self.cx.fresh.take(list(itertools.chain.from_iterable(fields.outputs)))
+        self.cx.fresh.take(fields.names)
         # Bound once: the loop runs once per node of the graph.
         get_template, type_from = templates.get, templates.type_from
         append, record = scope.decisions.append, scope.record

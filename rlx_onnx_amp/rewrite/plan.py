@@ -240,11 +240,6 @@ class Conversion:
         self.report_at_emit = True
 
     @property
-    def used_names(self) -> set[str]:
-        """Every name a value or node has or will have: the fresh-name generator's."""
-        return self.fresh.taken
-
-    @property
     def changed(self) -> bool:
         """A Cast inserted or removed, or an edit: what the report says."""
         return bool(self.casts_inserted or self.casts_removed or self.edits)
@@ -254,9 +249,8 @@ class Conversion:
 
     def collect_names(self, graph: GraphProto) -> None:
         """Names of the graph's declared values; node names and outputs are added while deciding."""
-        for vi in (*graph.input, *graph.output, *graph.value_info):
-            self.used_names.add(vi.name)
-        self.used_names.update(t.name for t in graph.initializer)
+        self.fresh.take([vi.name for vi in (*graph.input, *graph.output, *graph.value_info)])
+        self.fresh.take([t.name for t in graph.initializer])
 
     def record_clamp(self, name: str, stats: ClampStats) -> None:
         if stats.clamped or stats.flushed:
