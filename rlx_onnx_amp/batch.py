@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import click
 
 from rlx_onnx_amp.api import checker_failure, stage_conversion
 from rlx_onnx_amp.cost import policy_hint
-from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, scan_export_dir
+from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, genai_cache_shapes, scan_export_dir
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
     EXIT_INTERNAL,
@@ -113,6 +113,16 @@ class ConvertJob:
 
     def __init__(self, settings: JobSettings, paths: RunPaths) -> None:
         self.settings, self.paths = settings, paths
+
+    def with_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> ConvertJob:
+        """This job with `shapes` for inputs its verification synthesizes, where `--shape`
+        names none (an export directory's `genai_cache_shapes`)."""
+        verify_options = self.settings.verify_options
+        if not shapes or verify_options is None:
+            return self
+        spec = dataclasses.replace(verify_options.spec, shapes={**shapes, **verify_options.spec.shapes})
+        settings = dataclasses.replace(self.settings, verify_options=dataclasses.replace(verify_options, spec=spec))
+        return ConvertJob(settings, self.paths)
 
     def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> ModelResult:
         """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
@@ -534,11 +544,13 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult
     ):
         raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
     export = scan_export_dir(src)
+    cache_shapes = genai_cache_shapes(src)
     results: list[ModelResult] = []
     with StagedDirectory(out) as staged:
         with OutputSet(job.paths.protected()) as outputs:
             for rel in export.models:
-                results.append(job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel)))
+                model_job = job.with_shapes(cache_shapes.get(rel, {}))
+                results.append(model_job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel)))
             outputs.commit()
         for rel in export.others:
             staged.copy(src / rel, rel)

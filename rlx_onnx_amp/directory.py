@@ -13,10 +13,16 @@ place of an earlier `OUT_DIR`: whole, or not at all.
 Across the files of one directory, the past and present key/value caches share one element
 type (a generator feeds `present.N.key` back as `past_key_values.N.key`): a conversion that
 gives them two (with `--no-keep-io-types`) is refused, naming the pair.
+
+onnxruntime-genai's builder leaves the cache's head size a symbolic axis (`kv_cache_dim`) that
+no synthesized input can guess; its `genai_config.json` holds it (`decoder.head_size`, with
+`num_key_value_heads`): the decoder's cache inputs are verified at those sizes
+(`genai_cache_shapes`) unless `--shape` gives them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -33,9 +39,9 @@ from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.exits import signals_deferred
 from rlx_onnx_amp.files import STAGE_PREFIX
 from rlx_onnx_amp.tensors import WeightSource, is_external
-from rlx_onnx_amp.types import all_tensors
+from rlx_onnx_amp.types import DEFAULT_DIM, all_tensors
 
-__all__ = ["ExportDir", "StagedDirectory", "check_cache_types", "scan_export_dir"]
+__all__ = ["ExportDir", "StagedDirectory", "check_cache_types", "genai_cache_shapes", "scan_export_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,7 @@ logger = logging.getLogger(__name__)
 #: (optimum, genai), `past.0.key`, `present.0.key`, `present.0.decoder.key` (seq2seq).
 _CACHE = re.compile(r"^(?:past_key_values|past|present)\.(?P<part>.+)$")
 _OLD_PREFIX = ".rlx-amp-old-"
+GENAI_CONFIG = "genai_config.json"
 
 
 @dataclass
@@ -158,6 +165,38 @@ def check_cache_types(root: Path, models: list[Path]) -> None:
                     "a generator feeds one back as the other (keep them one type: drop --no-keep-io-types)"
                 )
             seen.setdefault(part, (file, vi.name, elem))
+
+
+def genai_cache_shapes(root: Path) -> dict[Path, dict[str, tuple[int, ...]]]:
+    """The shapes to verify the cache inputs of the decoder that `root`'s genai_config.json
+    names at (path relative to `root` -> input -> shape): batch 1, the config's key/value heads,
+    `DEFAULT_DIM` past positions and its head size on the symbolic axes, the declared sizes on
+    the others. None for an input of another rank or with no symbolic axis the config fills;
+    {} without a config that names them (the inputs are then guessed, and a verification that
+    cannot run says what it needs)."""
+    try:
+        decoder = json.loads((root / GENAI_CONFIG).read_text(encoding="utf-8"))["model"]["decoder"]
+        rel = Path(decoder["filename"])
+        heads, head_size = int(decoder["num_key_value_heads"]), int(decoder["head_size"])
+        patterns = [decoder["inputs"][k] for k in ("past_key_names", "past_value_names")]
+        names = {pattern % layer for pattern in patterns for layer in range(int(decoder["num_hidden_layers"]))}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as e:  # unreadable or another schema: guess
+        logger.info("%s: no cache sizes from %s (%s: %s)", root, GENAI_CONFIG, type(e).__name__, e)
+        return {}
+    if not (root / rel).is_file():
+        return {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for vi in load_model(root / rel).graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name not in names or len(dims) != 4:
+            continue
+        fill = (1, heads, DEFAULT_DIM, head_size)
+        symbolic = [not (d.HasField("dim_value") and d.dim_value > 0) for d in dims]
+        if symbolic[1] or symbolic[3]:
+            shapes[vi.name] = tuple(fill[k] if symbolic[k] else dims[k].dim_value for k in range(4))
+    return {rel: shapes} if shapes else {}
 
 
 def _type_name(elem: int) -> str:

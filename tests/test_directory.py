@@ -120,11 +120,54 @@ def test_onnxruntime_genai_loads_the_converted_builder_folder(tmp_path: Path, po
     assert result.returncode == 0, result.stdout + result.stderr
     (model,) = json.loads((tmp_path / "r.json").read_text())["models"]
     assert model["verify"]["passed"] and model["proof"].startswith("onnxruntime loads it")  # builder ops
+    assert model["verify"]["inputs"]["past_key_values.0.key"] == [1, 2, 4, 16]  # --shape wins over the config
     assert (out / "genai_config.json").read_bytes() == (GENAI / "genai_config.json").read_bytes()
     want, got = _genai_client(GENAI), _genai_client(out)
     assert got["tokens"] == want["tokens"]
     a, b = np.asarray(want["first_logits"]).ravel(), np.asarray(got["first_logits"]).ravel()
     assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.999
+
+
+def test_a_genai_folder_is_verified_at_its_configs_cache_sizes(tmp_path: Path) -> None:
+    # The builder's cache head size is a symbolic axis no guess fits (8 for 16: onnxruntime
+    # refuses the run, and the plain command said exit 4); genai_config.json holds it.
+    out = tmp_path / "genai"
+    result = rlx(GENAI, "-p", "always-f16", "-o", out, "--report-json", tmp_path / "r.json", "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (model,) = json.loads((tmp_path / "r.json").read_text())["models"]
+    inputs = model["verify"]["inputs"]
+    assert model["verify"]["passed"] and inputs["attention_mask"] == [1, 16]
+    assert {inputs[f"past_key_values.{i}.{kv}"] == [1, 2, 8, 16] for i in (0, 1) for kv in ("key", "value")} == {True}
+    assert all(o["cosine"] > 0.999 for o in model["verify"]["outputs"])
+
+
+def _cache_model(path: Path, dims: list[int | str]) -> None:
+    cache = [helper.make_tensor_value_info(f"past_key_values.0.{kv}", F, dims) for kv in ("key", "value")]
+    out = helper.make_tensor_value_info("present.0.key", F, None)
+    graph = helper.make_graph([helper.make_node("Add", [c.name for c in cache], ["present.0.key"])], "g", cache, [out])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_genai_cache_shapes_fill_only_symbolic_axes(tmp_path: Path) -> None:
+    from rlx_onnx_amp.directory import GENAI_CONFIG, genai_cache_shapes
+
+    config = json.loads((GENAI / GENAI_CONFIG).read_text())
+    config["model"]["decoder"]["num_hidden_layers"] = 1
+    (tmp_path / GENAI_CONFIG).write_text(json.dumps(config))
+    _cache_model(tmp_path / "model.onnx", ["batch", 2, "past", "kv_cache_dim"])
+    want = (1, 2, 8, 16)  # batch 1, the config's 2 heads, DEFAULT_DIM past positions, its head size 16
+    assert genai_cache_shapes(tmp_path) == {Path("model.onnx"): {f"past_key_values.0.{kv}": want for kv in ("key", "value")}}
+    _cache_model(tmp_path / "model.onnx", [1, 2, 4, 16])  # nothing symbolic the config fills: nothing to say
+    assert genai_cache_shapes(tmp_path) == {}
+    _cache_model(tmp_path / "model.onnx", ["batch", 2, 6, "kv_cache_dim"])  # a declared past length stays
+    assert genai_cache_shapes(tmp_path)[Path("model.onnx")]["past_key_values.0.key"] == (1, 2, 6, 16)
+    del config["model"]["decoder"]["head_size"]  # another schema: the axes are guessed, as without a config
+    (tmp_path / GENAI_CONFIG).write_text(json.dumps(config))
+    assert genai_cache_shapes(tmp_path) == {}
+    (tmp_path / GENAI_CONFIG).write_text("{not json")
+    assert genai_cache_shapes(tmp_path) == {}
+    (tmp_path / GENAI_CONFIG).unlink()
+    assert genai_cache_shapes(tmp_path) == {}
 
 
 OPTIMUM_PYTHON = os.environ.get("RLX_AMP_OPTIMUM_PYTHON", "")
