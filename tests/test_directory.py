@@ -128,16 +128,18 @@ def test_onnxruntime_genai_loads_the_converted_builder_folder(tmp_path: Path, po
     assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.999
 
 
-def test_a_genai_folder_is_verified_at_its_configs_cache_sizes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("shapes", "past"), [((), 8), (GENAI_SHAPES, 4)], ids=["config", "shape-wins"])
+def test_a_genai_folder_is_verified_at_its_configs_cache_sizes(tmp_path: Path, shapes: list[str], past: int) -> None:
     # The builder's cache head size is a symbolic axis no guess fits (8 for 16: onnxruntime
     # refuses the run, and the plain command said exit 4); genai_config.json holds it.
     out = tmp_path / "genai"
-    result = rlx(GENAI, "-p", "always-f16", "-o", out, "--report-json", tmp_path / "r.json", "-q")
+    result = rlx(GENAI, "-p", "always-f16", "-o", out, "--report-json", tmp_path / "r.json", "-q", *shapes)
     assert result.returncode == 0, result.stdout + result.stderr
     (model,) = json.loads((tmp_path / "r.json").read_text())["models"]
     inputs = model["verify"]["inputs"]
-    assert model["verify"]["passed"] and inputs["attention_mask"] == [1, 16]
-    assert {inputs[f"past_key_values.{i}.{kv}"] == [1, 2, 8, 16] for i in (0, 1) for kv in ("key", "value")} == {True}
+    assert model["verify"]["passed"] and inputs["attention_mask"] == [1, 8 + past]
+    caches = {name: shape for name, shape in inputs.items() if name.startswith("past_key_values.")}
+    assert len(caches) == 4 and all(shape == [1, 2, past, 16] for shape in caches.values())
     assert all(o["cosine"] > 0.999 for o in model["verify"]["outputs"])
 
 
