@@ -44,6 +44,7 @@ from rlx_onnx_amp.exits import (
     raise_stop,
     raise_terminated,
     stop_requested,
+    watch_stops,
     worst_exit_code,
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths
@@ -338,12 +339,18 @@ START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else 
 _converting = False
 
 
+#: A worker's stop watchdog, for its whole life (`exits.watch_stops`).
+_WORKER_WATCH = contextlib.ExitStack()
+
+
 def _worker_start() -> None:
     """A worker: SIGTERM unwinds a conversion (staging cleaned, a commit finished first) and
     ends an idle worker at once; SIGINT is left to the parent, which stops every worker with
-    SIGTERM."""
+    SIGTERM. A worker inside a long C call (onnxruntime opening a large model) ends
+    `STOP_GRACE_S` after the signal with its staging and scratch removed, as unwinding would."""
     signal.signal(signal.SIGTERM, _worker_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_WATCH.enter_context(watch_stops(lambda signum: (None, EXIT_SIGTERM)))
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:

@@ -14,6 +14,7 @@ import difflib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,7 +84,12 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
-    with stop_handlers():
+    def stuck(signum: int) -> tuple[str, int]:  # the watchdog's line, for a run stuck in a C call
+        if signum == signal.SIGINT:
+            return f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT
+        return f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM
+
+    with stop_handlers(stuck):
         try:
             code = fn()
         except AmpError as e:

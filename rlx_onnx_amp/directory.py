@@ -37,7 +37,7 @@ import onnx
 from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.exits import signals_deferred
-from rlx_onnx_amp.files import STAGE_PREFIX
+from rlx_onnx_amp.files import STAGE_PREFIX, private_dir, remove_private_dir
 from rlx_onnx_amp.tensors import WeightSource, is_external
 from rlx_onnx_amp.types import DEFAULT_DIM, all_tensors
 
@@ -103,16 +103,14 @@ class StagedDirectory:
             raise InputError(f"{self.final}: the output directory path exists and is not a directory")
         if not parent.is_dir():
             raise InputError(f"{self.final}: directory {parent} of the output does not exist")
-        with signals_deferred():
-            self.root = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=parent))
+        self.root = private_dir(STAGE_PREFIX, parent)
         os.chmod(self.root, 0o777 & ~_umask())  # a directory's usual mode once in place
 
     def __enter__(self) -> StagedDirectory:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with signals_deferred():
-            shutil.rmtree(self.root, ignore_errors=True)
+        remove_private_dir(self.root)  # after a commit it is the output's path no more
 
     def path(self, rel: Path) -> Path:
         """Where the output file `rel` is staged (its directory made)."""

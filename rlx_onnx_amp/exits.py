@@ -15,16 +15,24 @@ model, a batch going on) asks `stop_requested` too, and `raise_stop` raises the 
 Creating and removing staging and scratch directories, and committing, hold the signals until
 they are done (`signals_deferred`).
 
+A handler runs between two bytecodes of the main thread: inside a long C call that releases the
+GIL (onnxruntime opening a large float16 model on its CPU provider takes minutes) it waits for
+the call to return. So while `stop_handlers` runs, a watchdog thread learns of SIGINT and SIGTERM
+at once (the signal module's wakeup fd); when no handler has acted on one `STOP_GRACE_S` later
+and no commit runs, it runs the last resorts (`add_last_resort`: staging and scratch removed, a
+checker's process killed), writes the run's one line and ends the process with its exit code.
+
 Only the standard library here: `__main__` puts the handlers in before the heavy imports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 __all__ = [
@@ -37,7 +45,9 @@ __all__ = [
     "EXIT_UNVERIFIED",
     "EXIT_USAGE",
     "SEVERITY",
+    "STOP_GRACE_S",
     "Terminated",
+    "add_last_resort",
     "error_line",
     "fail",
     "ignore_stop_signals",
@@ -49,6 +59,7 @@ __all__ = [
     "signals_deferred",
     "stop_handlers",
     "stop_requested",
+    "watch_stops",
     "worst_exit_code",
 ]
 
@@ -110,12 +121,14 @@ def raise_stop() -> None:
 
 def raise_terminated(signum: int, frame: object) -> None:
     """The SIGTERM handler: raise Terminated where the run is (and record the stop)."""
+    _handled.set()
     request_stop(signal.SIGTERM)
     raise Terminated()
 
 
 def raise_interrupted(signum: int, frame: object) -> None:
     """The SIGINT handler: raise KeyboardInterrupt, as Python's own does (and record the stop)."""
+    _handled.set()
     request_stop(signal.SIGINT)
     raise KeyboardInterrupt()
 
@@ -124,10 +137,11 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def stop_handlers() -> Iterator[None]:
+def stop_handlers(stuck: Callable[[int], tuple[str | None, int]] | None = None) -> Iterator[None]:
     """A new run: the stop (and a signal held during a commit) forgotten, SIGTERM raising
     `Terminated`, SIGINT `KeyboardInterrupt` (not where SIGINT is ignored); the handlers before
-    it are back when the block ends."""
+    it are back when the block ends. With `stuck` a watchdog (`watch_stops`) ends the run for a
+    main thread that cannot act on the signal: `stuck(signum)` gives its line and exit code."""
     global _held_during_commit
     previous = {number: signal.getsignal(number) for number in _STOP_SIGNALS}
     request_stop(None)
@@ -136,10 +150,126 @@ def stop_handlers() -> Iterator[None]:
     if previous[signal.SIGINT] is signal.default_int_handler:
         signal.signal(signal.SIGINT, raise_interrupted)
     try:
-        yield
+        with watch_stops(stuck) if stuck is not None else contextlib.nullcontext():
+            yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+#: How long the main thread has to act on SIGINT or SIGTERM before the watchdog acts for it.
+STOP_GRACE_S = 2.0
+
+#: Set when a handler of this module acted on a stop signal (or held it, `signals_deferred`).
+_handled = threading.Event()
+_committing = False
+#: What the watchdog runs before it ends the process: each removes what a run would leave.
+_last_resorts: list[Callable[[], None]] = []
+
+
+def add_last_resort(cleanup: Callable[[], None]) -> None:
+    """Have a watchdog that ends the process run `cleanup` first (once per process: the
+    callable looks up what is live itself)."""
+    if cleanup not in _last_resorts:
+        _last_resorts.append(cleanup)
+
+
+class _Watchdog:
+    """The thread `watch_stops` starts: reads signal numbers from the wakeup fd and acts for a
+    main thread that does not act on them."""
+
+    def __init__(self, stuck: Callable[[int], tuple[str | None, int]]) -> None:
+        self.stuck = stuck
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.write, False)
+        self.closing = False
+        _handled.clear()
+        try:
+            self.previous = signal.set_wakeup_fd(self.write, warn_on_full_buffer=False)
+        except ValueError:  # not the interpreter's main thread after all
+            os.close(self.read)
+            os.close(self.write)
+            raise
+        self.thread = threading.Thread(target=self._watch, name="rlx-amp-stop-watchdog", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                numbers = os.read(self.read, 64)
+            except OSError:
+                return
+            if not numbers or self.closing:
+                return
+            stops = [n for n in numbers if n in _STOP_SIGNALS]
+            if not stops or _handled.wait(STOP_GRACE_S):
+                continue
+            while _committing and not _handled.wait(0.05):  # a commit holds the signal, then acts on it
+                pass
+            if self.closing or _handled.is_set():
+                continue
+            self._end(stops[0])
+
+    def _end(self, signum: int) -> None:
+        message, code = self.stuck(signum)
+        for cleanup in list(_last_resorts):
+            with contextlib.suppress(Exception):
+                cleanup()
+        if message is not None:
+            with contextlib.suppress(OSError):
+                os.write(2, (error_line(message) + "\n").encode())
+        os._exit(code)
+
+    def close(self) -> None:
+        self.closing = True
+        signal.set_wakeup_fd(self.previous)
+        os.close(self.write)
+        _handled.set()  # a thread in its grace wait returns now
+        self.thread.join()
+        os.close(self.read)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not here; its pipe and wakeup fd go."""
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for fd in (self.read, self.write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_watchdog: _Watchdog | None = None
+
+
+@contextlib.contextmanager
+def watch_stops(stuck: Callable[[int], tuple[str | None, int]]) -> Iterator[None]:
+    """While the block runs (in the main thread), a watchdog for SIGINT and SIGTERM (see the
+    module's docstring): `stuck(signum)` gives the line it writes (None: none) and the exit code.
+    Elsewhere than the main thread, and within another watch, nothing is added."""
+    global _watchdog
+    if _watchdog is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        _watchdog = _Watchdog(stuck)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        watchdog, _watchdog = _watchdog, None
+        watchdog.close()
+
+
+def _forget_watchdog_in_child() -> None:
+    global _watchdog, _committing
+    if _watchdog is not None:
+        _watchdog.forget()
+        _watchdog = None
+    _committing = False
+
+
+os.register_at_fork(after_in_child=_forget_watchdog_in_child)
 
 
 def ignore_stop_signals() -> None:
@@ -163,16 +293,24 @@ def signal_held_during_commit() -> bool:
 def signals_deferred(committing: bool = False) -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block ends, then act on them as before: creating and
     removing staging and scratch directories, and committing, are never cut in half."""
+    global _committing
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
     previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+
+    def hold(number: int, frame: object) -> None:
+        _handled.set()
+        caught.append(number)
+
     for s in _STOP_SIGNALS:
-        signal.signal(s, lambda number, frame: caught.append(number))
+        signal.signal(s, hold)
+    was_committing, _committing = _committing, _committing or committing
     try:
         yield
     finally:
+        _committing = was_committing
         for s, handler in previous.items():
             signal.signal(s, handler)
         if caught and committing:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.exits import raise_stop, signals_deferred, stop_requested
+from rlx_onnx_amp.exits import add_last_resort, raise_stop, signals_deferred, stop_requested
 
 try:  # POSIX only: elsewhere commits into one directory are not serialized across processes
     import fcntl
@@ -203,6 +203,35 @@ def check_writable(path: Path, role: str) -> None:
         raise InputError(f"{path}: directory {directory} of the {role} is not writable")
 
 
+#: The staging and scratch directories that exist now: what a watchdog that ends the process
+#: removes (`exits.add_last_resort`).
+_LIVE_DIRS: set[Path] = set()
+
+
+def private_dir(prefix: str, parent: str | os.PathLike[str] | None = None) -> Path:
+    """A new private directory (mode 0700; under TMPDIR, or in `parent`), not cut in half by
+    Ctrl-C or SIGTERM; `remove_private_dir` removes it."""
+    with signals_deferred():
+        made = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        _LIVE_DIRS.add(made)
+    return made
+
+
+def remove_private_dir(path: Path) -> None:
+    with signals_deferred():
+        shutil.rmtree(path, ignore_errors=True)
+        _LIVE_DIRS.discard(path)
+
+
+def _remove_live_dirs() -> None:
+    for path in list(_LIVE_DIRS):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+add_last_resort(_remove_live_dirs)
+os.register_at_fork(after_in_child=_LIVE_DIRS.clear)  # a forked worker's are its own
+
+
 class OutputSet:
     """The files one run writes, staged and committed together.
 
@@ -235,8 +264,7 @@ class OutputSet:
         key = _real(directory)
         if key not in self._stages:
             try:
-                with signals_deferred():
-                    self._stages[key] = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=directory))
+                self._stages[key] = private_dir(STAGE_PREFIX, directory)
             except OSError as e:
                 raise InputError(f"{final}: cannot write in {directory} ({e.strerror})") from None
         return self._stages[key]
@@ -307,7 +335,7 @@ class OutputSet:
     def discard(self) -> None:
         with signals_deferred():
             for stage in self._stages.values():
-                shutil.rmtree(stage, ignore_errors=True)
+                remove_private_dir(stage)
             self._stages.clear()
             self._files.clear()
 
@@ -317,8 +345,7 @@ class ScratchDir:
     removing it are not cut in half by Ctrl-C or SIGTERM."""
 
     def __init__(self, prefix: str) -> None:
-        with signals_deferred():
-            self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.dir = private_dir(prefix)
 
     def __enter__(self) -> ScratchDir:
         return self
@@ -327,8 +354,7 @@ class ScratchDir:
         self.cleanup()
 
     def cleanup(self) -> None:
-        with signals_deferred():
-            shutil.rmtree(self.dir, ignore_errors=True)
+        remove_private_dir(self.dir)
 
 
 @contextlib.contextmanager

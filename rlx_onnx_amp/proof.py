@@ -11,6 +11,7 @@ inference. Its verdict is `checker_failure`'s, word for word.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -22,6 +23,7 @@ import onnx
 from onnx import ModelProto
 
 from rlx_onnx_amp.errors import AmpError, InputError, first_line, message_first_line
+from rlx_onnx_amp.exits import add_last_resort
 from rlx_onnx_amp.reports.conversion import ConversionReport
 
 __all__ = ["SEPARATE_CHECK_NODES", "CheckerRun", "checker_failure", "onnxruntime_failure", "prove"]
@@ -70,6 +72,20 @@ def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
     return None
 
 
+#: The checkers' processes that run now: what a watchdog that ends the process kills first.
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+def _kill_running() -> None:
+    for process in list(_RUNNING):
+        with contextlib.suppress(OSError):
+            process.kill()
+
+
+add_last_resort(_kill_running)
+os.register_at_fork(after_in_child=_RUNNING.clear)  # a forked worker's are its own
+
+
 class CheckerRun:
     """`checker_failure` of a model file, in a process of its own when `separate`: started now,
     given the file with `check`, read with `result`. Without `separate`, or when that process
@@ -87,6 +103,8 @@ class CheckerRun:
                 )
             except OSError as e:
                 logger.debug("cannot start the checker's process (%s): it runs in this process", e)
+            else:
+                _RUNNING.add(self._process)
 
     @property
     def separate(self) -> bool:
@@ -135,6 +153,7 @@ class CheckerRun:
         if process.poll() is None:
             process.kill()
         process.wait()
+        _RUNNING.discard(process)
         for pipe in (process.stdin, process.stdout):
             if pipe is not None:
                 pipe.close()

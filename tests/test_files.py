@@ -28,7 +28,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from fixtures.make_fixtures import HEALTHY, mlp_external, write_external
+from fixtures.make_fixtures import HEALTHY, mlp_external, relu_chain, write_external
 from tests.helpers import data_file, feeds_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -467,6 +467,30 @@ def test_signals_leave_no_partial_output_and_no_scratch(lay: Layout, long_model:
                 earlier = lay.snapshot(lay.out)
     assert expected in outcomes, f"no run was interrupted while rlx-amp worked ({outcomes}): the model is too small"
     assert cli(*args[:-2], "-q").code == 0  # the next run works
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_inside_a_long_onnxruntime_call_ends_the_run_after_the_grace(lay: Layout, signum: int) -> None:
+    # onnxruntime opens the float16 chain in C for 10+ s, and a Python handler runs only after
+    # it: the watchdog (exits.watch_stops) removes the scratch and ends the run STOP_GRACE_S
+    # after the signal, with the line and exit code the handler would have given.
+    from rlx_onnx_amp.exits import STOP_GRACE_S
+
+    ref, cand = lay.inp / "chain.onnx", lay.out / "chain.f16.onnx"
+    onnx.save(relu_chain(30_000).model, str(ref))
+    assert cli(ref, "-p", "always-f16", "-o", cand, "--no-verify", "-q").code == 0
+    earlier = lay.snapshot(lay.out)
+    proc = _spawn(lay, "verify", ref, cand, "--provider", "cpu", "--report-json", lay.out / "r.json")
+    time.sleep(3.0)  # past the start-up: opening a session of one model or the other
+    signalled = time.monotonic()
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=300)
+    waited = time.monotonic() - signalled
+    word, code = ("terminated", 143) if signum == signal.SIGTERM else ("interrupted", 130)
+    assert (proc.returncode, stderr.strip().splitlines()) == (code, [f"rlx-amp: error: {word}; nothing written"])
+    assert waited < STOP_GRACE_S + 2.5, f"{waited:.1f} s from the signal to the end"
+    assert not scratch_left(lay.tmp), scratch_left(lay.tmp)
+    assert lay.snapshot(lay.out) == earlier
 
 
 # ---- 7. read-only model directory ----------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, mlp_external, write_external
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, mlp_external, relu_chain, write_external
 from tests.helpers import rlx
 
 
@@ -151,6 +151,39 @@ def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path
         assert not (out / "r.json").exists()  # the batch report is written only when the batch ends
     for model in out.glob("*.onnx"):  # each model a worker committed is whole: it loads and runs
         onnx.checker.check_model(str(model), full_check=True)
+
+
+def test_a_worker_inside_a_long_onnxruntime_call_ends_after_the_grace(tmp_path: Path) -> None:
+    # Each worker verifies a float16 chain that onnxruntime opens in C for 10+ s; SIGTERM
+    # reaches a worker there, whose handler cannot run: its watchdog removes its staging and
+    # scratch and ends it STOP_GRACE_S later, and the batch ends then (the parent's stop
+    # watch would have waited, then killed it, leaving its scratch behind).
+    from rlx_onnx_amp.exits import STOP_GRACE_S
+
+    inp, out, tmp = tmp_path / "in", tmp_path / "out", tmp_path / "tmp"
+    for d in (inp, out, tmp):
+        d.mkdir()
+    models = [inp / f"chain{k}.onnx" for k in range(2)]
+    for path in models:
+        onnx.save(relu_chain(30_000).model, str(path))
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlx_onnx_amp", *map(str, models), "--policy", "always-f16", "--out-dir", str(out),
+         "--provider", "cpu", "--jobs", "2", "-q"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    time.sleep(4.0)  # the workers convert (1 s), then open the reference or the candidate
+    workers = _children(proc.pid)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    waited = time.monotonic() - signalled
+    assert proc.returncode == 143, stderr
+    assert waited < STOP_GRACE_S + 3, f"{waited:.1f} s from the signal to the end"
+    assert stderr.strip().splitlines()[-1].endswith("the others not at all; no batch report written"), stderr
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the batch"
+    assert [p.name for p in tmp.iterdir() if p.name != ".ses"] == [], "scratch left in TMPDIR"
+    assert list(out.iterdir()) == []
 
 
 def test_shards_merged_equal_one_batch(tmp_path: Path) -> None:
