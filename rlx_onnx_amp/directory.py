@@ -169,8 +169,8 @@ def genai_cache_shapes(root: Path) -> dict[Path, dict[str, tuple[int, ...]]]:
     """The shapes to verify the cache inputs of the decoder that `root`'s genai_config.json
     names at (path relative to `root` -> input -> shape): batch 1, the config's key/value heads,
     `DEFAULT_DIM` past positions and its head size on the symbolic axes, the declared sizes on
-    the others. None for an input of another rank or with no symbolic axis the config fills;
-    {} without a config that names them (the inputs are then guessed, and a verification that
+    the others. No shape for an input of another rank or with no symbolic axis the config
+    fills; {} without a config that names them (the inputs are then guessed, and a verification that
     cannot run says what it needs)."""
     try:
         decoder = json.loads((root / GENAI_CONFIG).read_text(encoding="utf-8"))["model"]["decoder"]
