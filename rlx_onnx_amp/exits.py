@@ -244,9 +244,10 @@ _watchdog: _Watchdog | None = None
 def watch_stops(stuck: Callable[[int], tuple[str | None, int]]) -> Iterator[None]:
     """While the block runs (in the main thread), a watchdog for SIGINT and SIGTERM (see the
     module's docstring): `stuck(signum)` gives the line it writes (None: none) and the exit code.
-    Elsewhere than the main thread, and within another watch, nothing is added."""
+    Elsewhere than the main thread, within another watch, and off POSIX (where the wakeup fd
+    must be a socket), nothing is added."""
     global _watchdog
-    if _watchdog is not None or threading.current_thread() is not threading.main_thread():
+    if _watchdog is not None or os.name != "posix" or threading.current_thread() is not threading.main_thread():
         yield
         return
     try:
@@ -269,7 +270,8 @@ def _forget_watchdog_in_child() -> None:
     _committing = False
 
 
-os.register_at_fork(after_in_child=_forget_watchdog_in_child)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_watchdog_in_child)
 
 
 def ignore_stop_signals() -> None:

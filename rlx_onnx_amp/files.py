@@ -229,7 +229,8 @@ def _remove_live_dirs() -> None:
 
 
 add_last_resort(_remove_live_dirs)
-os.register_at_fork(after_in_child=_LIVE_DIRS.clear)  # a forked worker's are its own
+if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own
+    os.register_at_fork(after_in_child=_LIVE_DIRS.clear)
 
 
 class OutputSet:

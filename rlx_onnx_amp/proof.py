@@ -83,7 +83,8 @@ def _kill_running() -> None:
 
 
 add_last_resort(_kill_running)
-os.register_at_fork(after_in_child=_RUNNING.clear)  # a forked worker's are its own
+if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own
+    os.register_at_fork(after_in_child=_RUNNING.clear)
 
 
 class CheckerRun:
