@@ -162,7 +162,9 @@ STOP_GRACE_S = 2.0
 
 #: Set when a handler of this module acted on a stop signal (or held it, `signals_deferred`).
 _handled = threading.Event()
-_committing = False
+#: Held while outputs are committed (`signals_deferred(committing=True)`), and by a watchdog
+#: that ends the process: a commit under way finishes first, and none starts after.
+_commit_lock = threading.RLock()
 #: What the watchdog runs before it ends the process: each removes what a run would leave.
 _last_resorts: list[Callable[[], None]] = []
 
@@ -204,13 +206,14 @@ class _Watchdog:
             stops = [n for n in numbers if n in _STOP_SIGNALS]
             if not stops or _handled.wait(STOP_GRACE_S):
                 continue
-            while _committing and not _handled.wait(0.05):  # a commit holds the signal, then acts on it
-                pass
-            if self.closing or _handled.is_set():
-                continue
-            self._end(stops[0])
+            with _commit_lock:  # a commit under way holds the signal and acts on it when done
+                if self.closing or _handled.is_set():
+                    continue
+                self._end(stops[0])
 
     def _end(self, signum: int) -> None:
+        """Clean up and end the process (with the commit lock held: no commit starts)."""
+        request_stop(signum)
         message, code = self.stuck(signum)
         for cleanup in list(_last_resorts):
             with contextlib.suppress(Exception):
@@ -263,11 +266,11 @@ def watch_stops(stuck: Callable[[int], tuple[str | None, int]]) -> Iterator[None
 
 
 def _forget_watchdog_in_child() -> None:
-    global _watchdog, _committing
+    global _watchdog, _commit_lock
     if _watchdog is not None:
         _watchdog.forget()
         _watchdog = None
-    _committing = False
+    _commit_lock = threading.RLock()  # another thread of the parent may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -295,7 +298,6 @@ def signal_held_during_commit() -> bool:
 def signals_deferred(committing: bool = False) -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block ends, then act on them as before: creating and
     removing staging and scratch directories, and committing, are never cut in half."""
-    global _committing
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -308,11 +310,10 @@ def signals_deferred(committing: bool = False) -> Iterator[None]:
 
     for s in _STOP_SIGNALS:
         signal.signal(s, hold)
-    was_committing, _committing = _committing, _committing or committing
     try:
-        yield
+        with _commit_lock if committing else contextlib.nullcontext():
+            yield
     finally:
-        _committing = was_committing
         for s, handler in previous.items():
             signal.signal(s, handler)
         if caught and committing:

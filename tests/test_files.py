@@ -493,6 +493,40 @@ def test_a_signal_inside_a_long_onnxruntime_call_ends_the_run_after_the_grace(la
     assert lay.snapshot(lay.out) == earlier
 
 
+_COMMIT_STUCK = """
+import sys, time, onnxruntime
+from rlx_onnx_amp.exits import Terminated, signals_deferred, stop_handlers
+with stop_handlers(lambda signum: ("ended by the watchdog", 99)):
+    try:
+        with signals_deferred(committing=True):
+            print("committing", flush=True)
+            onnxruntime.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])  # 10+ s in C
+            print("committed", flush=True)
+    except Terminated:
+        sys.exit(143)
+"""
+
+
+def test_the_watchdog_waits_for_a_commit_stuck_in_a_long_call(lay: Layout) -> None:
+    # A commit holds SIGTERM until it is done, however long its C calls take: the watchdog
+    # does not end the process inside it (outputs appear whole), and the run then stops.
+    from rlx_onnx_amp.exits import STOP_GRACE_S
+
+    chain = lay.inp / "chain.onnx"
+    onnx.save(relu_chain(30_000).model, str(chain))
+    assert cli(chain, "-p", "always-f16", "-o", lay.out / "chain.f16.onnx", "--no-verify", "-q").code == 0
+    proc = subprocess.Popen([sys.executable, "-c", _COMMIT_STUCK, str(lay.out / "chain.f16.onnx")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "committing\n"
+    time.sleep(0.5)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert (proc.returncode, stdout) == (143, "committed\n"), stderr
+    assert "ended by the watchdog" not in stderr
+    assert time.monotonic() - signalled > STOP_GRACE_S + 1  # the session took longer than the grace
+
+
 # ---- 7. read-only model directory ----------------------------------------------------------
 
 def test_read_only_model_directory(lay: Layout) -> None:
