@@ -18,9 +18,10 @@ they are done (`signals_deferred`).
 A handler runs between two bytecodes of the main thread: inside a long C call that releases the
 GIL (onnxruntime opening a large float16 model on its CPU provider takes minutes) it waits for
 the call to return. So while `stop_handlers` runs, a watchdog thread learns of SIGINT and SIGTERM
-at once (the signal module's wakeup fd); when no handler has acted on one `STOP_GRACE_S` later
-and no commit runs, it runs the last resorts (`add_last_resort`: staging and scratch removed, a
-checker's process killed), writes the run's one line and ends the process with its exit code.
+at once (the signal module's wakeup fd); when no handler has acted on one `STOP_GRACE_S` later,
+it takes the commit lock (a commit under way finishes first; none starts after), runs the last
+resorts (`add_last_resort`: staging and scratch removed, a checker's process killed), writes the
+run's one line and ends the process with its exit code.
 
 Only the standard library here: `__main__` puts the handlers in before the heavy imports.
 """
