@@ -32,7 +32,13 @@ import click
 
 from rlx_onnx_amp.api import checker_failure, stage_conversion
 from rlx_onnx_amp.cost import policy_hint
-from rlx_onnx_amp.directory import StagedDirectory, check_cache_types, genai_cache_shapes, scan_export_dir
+from rlx_onnx_amp.directory import (
+    GENAI_CONFIG,
+    StagedDirectory,
+    check_cache_types,
+    genai_cache_shapes,
+    scan_export_dir,
+)
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
     EXIT_INTERNAL,
@@ -105,6 +111,7 @@ class JobSettings:
     #: onnxruntime's intra-op threads per session (0: onnxruntime's choice, every core); batch
     #: workers share the CPUs out.
     session_threads: int = 0
+    export_dir: bool = False  # the models of an export directory (`convert_directory`)
 
 
 class ConvertJob:
@@ -194,9 +201,12 @@ class ConvertJob:
             try:
                 return prepare_reference(src, s.verify_options, screen=s.screen, progress=progress), None
             except ReferenceUnavailable as e:
+                error = e.error
+                if isinstance(error, InputError) and not s.export_dir:  # guessed axes: say where sizes are
+                    error = InputError(f"{error}{_genai_folder_hint(Path(src))}")
                 if s.verify_required:
-                    raise e.error from None
-                return None, str(e)
+                    raise error from None
+                return None, str(error)
 
     def convert_own(self, src: str, dst: str) -> ModelResult:
         """One model of a batch: committed on its own; a failure is reported and the rest go on."""
@@ -296,6 +306,18 @@ class RunResults:
         line += f"; failed: {', '.join(bad)}" if bad else ""
         line += f"; not verified: {', '.join(unverified)}" if unverified else ""
         return line
+
+
+def _genai_folder_hint(model: Path) -> str:
+    """For a model converted alone from an onnxruntime-genai folder: where its cache's sizes
+    are (the folder's genai_config.json, which this run does not read; "" elsewhere)."""
+    folder = model.parent
+    if not (folder / GENAI_CONFIG).is_file():
+        return ""
+    return (
+        f"; {folder} holds a {GENAI_CONFIG}: `rlx-amp {folder} -o OUT_DIR` converts the folder and "
+        "verifies its decoder at the cache sizes the config gives"
+    )
 
 
 def invalid_input(models: Sequence[str]) -> str | None:
@@ -552,6 +574,7 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult
         raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
     export = scan_export_dir(src)
     cache_shapes = genai_cache_shapes(src)
+    job = ConvertJob(dataclasses.replace(job.settings, export_dir=True), job.paths)
     results: list[ModelResult] = []
     with StagedDirectory(out) as staged:
         with OutputSet(job.paths.protected()) as outputs:

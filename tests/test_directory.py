@@ -143,6 +143,20 @@ def test_a_genai_folder_is_verified_at_its_configs_cache_sizes(tmp_path: Path, s
     assert all(o["cosine"] > 0.999 for o in model["verify"]["outputs"])
 
 
+def test_a_genai_decoder_alone_says_where_its_cache_sizes_are(tmp_path: Path) -> None:
+    # Converted as a single file the run reads no genai_config.json (not a path it was given):
+    # the decoder is written unverified, and the line names the folder command that verifies it.
+    hint = f"{GENAI} holds a genai_config.json: `rlx-amp {GENAI} -o OUT_DIR` converts the folder"
+    result = rlx(GENAI / "model.onnx", "-p", "always-f16", "-o", tmp_path / "m.onnx", "--report-json",
+                 tmp_path / "r.json", "-q")
+    assert result.returncode == 4, result.stderr
+    assert hint in result.stderr and "kv_cache_dim" not in result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())  # one model's report
+    assert hint in report["unverified"] and "--shape NAME:1x128" in report["unverified"]
+    refused = rlx(GENAI / "model.onnx", "-p", "always-f16", "-o", tmp_path / "v.onnx", "--verify", "-q")
+    assert refused.returncode == 2 and hint in refused.stderr and not (tmp_path / "v.onnx").exists()
+
+
 def _cache_model(path: Path, dims: list[int | str]) -> None:
     cache = [helper.make_tensor_value_info(f"past_key_values.0.{kv}", F, dims) for kv in ("key", "value")]
     out = helper.make_tensor_value_info("present.0.key", F, None)
