@@ -53,7 +53,7 @@ from rlx_onnx_amp.exits import (
     watch_stops,
     worst_exit_code,
 )
-from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.files import OutputSet, RunPaths, remove_leftover_dirs
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.reports.record import (
@@ -398,6 +398,8 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             result = job.convert_own(src, dst)
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
+        with contextlib.suppress(Terminated):  # but for a signal that cut an owner short
+            remove_leftover_dirs()
         os._exit(EXIT_SIGTERM)
     finally:
         _converting = False

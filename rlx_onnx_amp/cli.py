@@ -9,6 +9,7 @@ committed together at the end (`rlx_onnx_amp.files`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -45,7 +46,7 @@ from rlx_onnx_amp.exits import (
     signal_held_during_commit,
     stop_handlers,
 )
-from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.files import OutputSet, RunPaths, live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
@@ -89,6 +90,7 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
             return f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT
         return f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM
 
+    before = live_dirs()
     with stop_handlers(stuck):
         try:
             code = fn()
@@ -102,6 +104,9 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
             raise
         except Exception as e:
             fail(*unexpected_failure(e, inputs))
+        finally:
+            with contextlib.suppress(KeyboardInterrupt, Terminated):  # the run's exit code stands
+                remove_leftover_dirs(before)
     sys.exit(code)
 
 

@@ -493,6 +493,31 @@ def test_a_signal_inside_a_long_onnxruntime_call_ends_the_run_after_the_grace(la
     assert lay.snapshot(lay.out) == earlier
 
 
+def test_a_run_removes_the_directories_a_signal_left_without_an_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A signal between a scratch directory's creation and the `with` block that would remove
+    # it (or inside its removal) leaves it to no one: the run removes it as it ends, and only
+    # the directories it made (one that was there before it is left alone).
+    from rlx_onnx_amp import cli, files
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    kept = files.private_dir("rlx-amp-kept-")
+
+    def run() -> int:
+        files.private_dir("rlx-amp-orphan-")  # its owner never got it
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as ended:
+        cli._run_guarded(run)
+    assert ended.value.code == 130
+    assert capsys.readouterr().err == "rlx-amp: error: interrupted; nothing written\n"
+    assert [p.name for p in tmp_path.iterdir()] == [kept.name]
+    files.remove_private_dir(kept)
+    assert not list(tmp_path.iterdir()) and kept not in files.live_dirs()
+
+
 _COMMIT_STUCK = """
 import sys, time, onnxruntime
 from rlx_onnx_amp.exits import Terminated, signals_deferred, stop_handlers
