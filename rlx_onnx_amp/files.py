@@ -223,11 +223,6 @@ def remove_private_dir(path: Path) -> None:
         _LIVE_DIRS.discard(path)
 
 
-def _remove_live_dirs() -> None:
-    for path in list(_LIVE_DIRS):
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def live_dirs() -> frozenset[Path]:
     """The staging and scratch directories that exist now."""
     return frozenset(_LIVE_DIRS)
@@ -236,14 +231,17 @@ def live_dirs() -> frozenset[Path]:
 def remove_leftover_dirs(kept: frozenset[Path] = frozenset()) -> None:
     """Remove the staging and scratch directories still there when a run ends, but for
     `kept` (those that were there when it started): each owner removes its own, unless a
-    signal cut short the code between its creation and its `with` block, or its removal."""
+    signal cut short the code between its creation and its `with` block, or its removal. A
+    stop watchdog runs it too, before it ends the process (its thread defers no signal)."""
     with signals_deferred():
         for path in _LIVE_DIRS - kept:
             shutil.rmtree(path, ignore_errors=True)
             _LIVE_DIRS.discard(path)
 
 
-add_last_resort(_remove_live_dirs)
+add_last_resort(remove_leftover_dirs)
+
+
 if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own
     os.register_at_fork(after_in_child=_LIVE_DIRS.clear)
 
