@@ -85,21 +85,20 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
-    def stuck(signum: int) -> tuple[str, int]:  # the watchdog's line, for a run stuck in a C call
-        if signum == signal.SIGINT:
-            return f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT
-        return f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM
+    def stopped(signum: int) -> tuple[str, int]:  # the line and code of a stop, here or from the watchdog
+        word, code = ("interrupted", EXIT_SIGINT) if signum == signal.SIGINT else ("terminated", EXIT_SIGTERM)
+        return f"{word}; {_what_was_written(batch)}", code
 
     before = live_dirs()
-    with stop_handlers(stuck):
+    with stop_handlers(stopped):
         try:
             code = fn()
         except AmpError as e:
             fail(str(e), e.exit_code)
         except KeyboardInterrupt:
-            fail(f"interrupted; {_what_was_written(batch)}", EXIT_SIGINT)
+            fail(*stopped(signal.SIGINT))
         except Terminated:
-            fail(f"terminated; {_what_was_written(batch)}", EXIT_SIGTERM)
+            fail(*stopped(signal.SIGTERM))
         except BrokenPipeError:  # stdout's reader is gone, no bug: __main__ ends the run quietly (141)
             raise
         except Exception as e:
