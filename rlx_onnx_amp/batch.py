@@ -33,10 +33,10 @@ import click
 from rlx_onnx_amp.api import checker_failure, stage_conversion
 from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.directory import (
-    GENAI_CONFIG,
     StagedDirectory,
     check_cache_types,
     genai_cache_shapes,
+    genai_folder_hint,
     scan_export_dir,
 )
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
@@ -203,7 +203,7 @@ class ConvertJob:
             except ReferenceUnavailable as e:
                 error = e.error
                 if isinstance(error, InputError) and not s.export_dir:  # guessed axes: say where sizes are
-                    error = InputError(f"{error}{_genai_folder_hint(Path(src))}")
+                    error = InputError(f"{error}{genai_folder_hint(Path(src))}")
                 if s.verify_required:
                     raise error from None
                 return None, str(error)
@@ -306,18 +306,6 @@ class RunResults:
         line += f"; failed: {', '.join(bad)}" if bad else ""
         line += f"; not verified: {', '.join(unverified)}" if unverified else ""
         return line
-
-
-def _genai_folder_hint(model: Path) -> str:
-    """For a model converted alone from an onnxruntime-genai folder: where its cache's sizes
-    are (the folder's genai_config.json, which this run does not read; "" elsewhere)."""
-    folder = model.parent
-    if not (folder / GENAI_CONFIG).is_file():
-        return ""
-    return (
-        f"; {folder} holds a {GENAI_CONFIG}: `rlx-amp {folder} -o OUT_DIR` converts the folder and "
-        "verifies its decoder at the cache sizes the config gives"
-    )
 
 
 def invalid_input(models: Sequence[str]) -> str | None:

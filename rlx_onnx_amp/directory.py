@@ -41,7 +41,14 @@ from rlx_onnx_amp.files import STAGE_PREFIX, private_dir, remove_private_dir
 from rlx_onnx_amp.tensors import WeightSource, is_external
 from rlx_onnx_amp.types import DEFAULT_DIM, all_tensors
 
-__all__ = ["ExportDir", "StagedDirectory", "check_cache_types", "genai_cache_shapes", "scan_export_dir"]
+__all__ = [
+    "ExportDir",
+    "StagedDirectory",
+    "check_cache_types",
+    "genai_cache_shapes",
+    "genai_folder_hint",
+    "scan_export_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +202,18 @@ def genai_cache_shapes(root: Path) -> dict[Path, dict[str, tuple[int, ...]]]:
         if symbolic[1] or symbolic[3]:
             shapes[vi.name] = tuple(fill[k] if symbolic[k] else dims[k].dim_value for k in range(4))
     return {rel: shapes} if shapes else {}
+
+
+def genai_folder_hint(model: Path) -> str:
+    """For a model converted alone from an onnxruntime-genai folder: where its cache's sizes
+    are (the folder's genai_config.json, which that run does not read; "" elsewhere)."""
+    folder = model.parent
+    if not (folder / GENAI_CONFIG).is_file():
+        return ""
+    return (
+        f"; {folder} holds a {GENAI_CONFIG}: `rlx-amp {folder} -o OUT_DIR` converts the folder and "
+        "verifies its decoder at the cache sizes the config gives"
+    )
 
 
 def _type_name(elem: int) -> str:
