@@ -118,7 +118,7 @@ class DecidePass(Pass[Plan]):
         orig_type = orig.get if scope.parent is None else scope.orig_type  # main-graph names need no scope walk
         templated = not scope.has_qdq
         # Every output and node name is taken before the emit pass makes fresh ones.
-        self.cx.fresh.take(list(itertools.chain.from_iterable(fields.outputs)))
+        self.cx.fresh.take(itertools.chain.from_iterable(fields.outputs))
         self.cx.fresh.take(fields.names)
         # Bound once: the loop runs once per node of the graph.
         get_template, type_from = templates.get, templates.type_from
