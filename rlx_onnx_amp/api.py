@@ -9,7 +9,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -109,16 +109,21 @@ def make_options(
 
 def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False) -> ModelProto:
     """Load a model file; every failure is an InputError naming the file."""
-    return _load(path, load_external_data)[0]
+    return _load(path, load_external_data).model
 
 
-def _load(
-    path: str | os.PathLike[str], load_external_data: bool, read_fields: bool = False
-) -> tuple[ModelProto, list[onnx.TensorProto], NodeFields | None]:
+class _Loaded(NamedTuple):
+    model: ModelProto
+    tensors: list[onnx.TensorProto]  # initializers and tensor attributes, bodies included (`all_tensors`)
+    sizes: list[int]  # `tensor_nbytes` of each
+    fields: NodeFields | None
+
+
+def _load(path: str | os.PathLike[str], load_external_data: bool, read_fields: bool = False) -> _Loaded:
     """The model and its tensors (initializers and tensor attributes, bodies included), every
-    tensor's data checked against its type and dims, external data inside the model's directory;
-    with `read_fields`, the main graph's nodes read once (`types.NodeFields`) for the conversion
-    too, else None."""
+    tensor's data checked against its type and dims, external data inside the model's directory,
+    with their sizes; with `read_fields`, the main graph's nodes read once (`types.NodeFields`)
+    for the conversion too, else None."""
     p = Path(path)
     try:
         info = p.stat()
@@ -141,14 +146,16 @@ def _load(
     sink = WeightSink()
     fields = NodeFields.read(model.graph) if read_fields else None
     tensors = list(all_tensors(model, fields))
+    sizes = []
     for tensor in tensors:
         if is_external(tensor):
             source.check(tensor)
+            sizes.append(tensor_nbytes(tensor))
             if load_external_data:
                 sink.copy_through(tensor, source)
         else:
-            check_inline_data(tensor, str(p))
-    return model, tensors, fields
+            sizes.append(check_inline_data(tensor, str(p)))
+    return _Loaded(model, tensors, sizes, fields)
 
 
 def write_demo(path: str | os.PathLike[str]) -> Path:
@@ -171,8 +178,7 @@ def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -
     paths.read(path, role)
     if not os.path.isfile(path):
         return  # loading it later says what is wrong
-    _, tensors, _ = _load(path, False)
-    _plan_external_reads(paths, Path(path), tensors, role)
+    _plan_external_reads(paths, Path(path), _load(path, False).tensors, role)
 
 
 def _plan_external_reads(paths: RunPaths, model_path: Path, tensors: Iterable[onnx.TensorProto], role: str) -> None:
@@ -305,12 +311,11 @@ def stage_conversion(
     if data_name is not None:
         paths.write(dst.parent / data_name, "output data file")
     check_writable(dst, "output model")
-    model, tensors, fields = _load(src, False, read_fields=True)
+    model, tensors, sizes, fields = _load(src, False, read_fields=True)
     _plan_external_reads(paths, src, tensors, "input model")
     paths.check()
     source = WeightSource(src.parent, str(src))
     outputs.protect(paths.protected())
-    sizes = [tensor_nbytes(t) for t in tensors]
     external = any(is_external(t) for t in tensors) or sum(sizes) > EXTERNAL_THRESHOLD
     report = report if report is not None else ConversionReport()
     report.model, report.output = str(src), str(dst)

@@ -123,14 +123,19 @@ def scoped_name(scope: str, name: str) -> str:
     return scope + name
 
 
+_TENSOR = onnx.AttributeProto.TENSOR
+
+
 def _source_tensor(node: NodeProto) -> TensorProto | float | None:
     """A Constant-like node's value: its tensor attribute, or its `value_float`; None for
     any other form (`value_floats` is read by `NumericFacts._max_of`)."""
     attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
     for attr in node.attribute:
-        if attr.name == attr_name and attr.type == onnx.AttributeProto.TENSOR:
-            return attr.t
-        if attr.name == "value_float":
+        name = attr.name  # each read of a field makes a Python object: once
+        if name == attr_name:
+            if attr.type == _TENSOR:
+                return attr.t
+        elif name == "value_float":
             return attr.f
     return None
 
@@ -158,16 +163,21 @@ class NumericFacts:
         scales: list[str] = []
         wanted = frozenset(SOURCE_VALUE_ATTRIBUTES) | accumulators | frozenset(RUNTIME_SCALES)
         for path, graph in self._graphs:
-            nodes = graph.node
-            ops = fields.ops if fields is not None and not path else [n.op_type for n in nodes]
+            read = fields if fields is not None and not path else None  # the main graph's, read once
+            nodes = read.nodes if read is not None else graph.node
+            ops = read.ops if read is not None else [n.op_type for n in nodes]
             for i in [i for i, op in enumerate(ops) if op in wanted]:
                 node, op = nodes[i], ops[i]
-                if op in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS and node.output:
-                    self._sources.append((path, node))
+                domain = read.domains[i] if read is not None else node.domain
+                if op in SOURCE_VALUE_ATTRIBUTES and domain in DEFAULT_DOMAINS:
+                    if read.outputs[i] if read is not None else node.output:
+                        self._sources.append((path, node))
                 elif op in accumulators:
                     self.has_accumulators = True
-                elif op in RUNTIME_SCALES and node.domain in DEFAULT_DOMAINS and node.input:
-                    scales.append(scoped_name(path, node.input[0]))
+                elif op in RUNTIME_SCALES and domain in DEFAULT_DOMAINS:
+                    ins = read.inputs[i] if read is not None else node.input
+                    if ins:
+                        scales.append(scoped_name(path, ins[0]))
         #: Values that DynamicQuantizeLinear quantizes at run time: their producers belong to the
         #: quantized region (a value rounded to f16 first lands in other quantization bins).
         self.quantized_at_run_time = frozenset(scales if self.has_accumulators else ())

@@ -319,20 +319,20 @@ _UNSIZED = {TensorProto.STRING, TensorProto.UNDEFINED} | {
 }
 
 
-def _element_count(tensor: TensorProto) -> int:
-    return math.prod(tensor.dims)
-
-
 def stored_nbytes(tensor: TensorProto) -> int | None:
     """Bytes a tensor's raw data must have for its type and dims; None when the type does not tell."""
-    if tensor.data_type in _UNSIZED:
+    return _stored_nbytes(tensor.data_type, math.prod(tensor.dims))
+
+
+def _stored_nbytes(data_type: int, count: int) -> int | None:
+    """Bytes the raw data of `count` elements of `data_type` must have; None when the type does not tell."""
+    if data_type in _UNSIZED:
         return None
-    n = _element_count(tensor)
-    bits = _PACKED_BITS.get(tensor.data_type)
+    bits = _PACKED_BITS.get(data_type)
     if bits is not None:
-        return (n * bits + 7) // 8
-    itemsize = _itemsize(tensor.data_type)
-    return None if itemsize is None else n * itemsize
+        return (count * bits + 7) // 8
+    itemsize = _itemsize(data_type)
+    return None if itemsize is None else count * itemsize
 
 
 # The repeated field that holds an inline tensor's values when it has no raw data, and how many
@@ -366,29 +366,34 @@ _TYPED_FIELD: dict[int, tuple[str, int]] = {
 }
 
 
-def check_inline_data(tensor: TensorProto, model_name: str) -> None:
-    """Raise InputError when an inline tensor's data does not match its type and dims."""
+def check_inline_data(tensor: TensorProto, model_name: str) -> int:
+    """Raise InputError when an inline tensor's data does not match its type and dims; else
+    return its `tensor_nbytes`, from the fields the check read (the load checks every tensor
+    of a large graph: each field is read once)."""
     dims = tensor.dims
     if dims and min(dims) < 0:
         raise InputError(f"{model_name}: tensor {tensor.name!r} has negative dims {list(dims)}")
+    data_type, count = tensor.data_type, math.prod(dims)
+    itemsize = _itemsize(data_type)
     raw = len(tensor.raw_data)  # each read of the field copies the bytes: once
+    nbytes = count * itemsize if itemsize is not None else raw
     if raw or tensor.HasField("raw_data"):
-        expected = stored_nbytes(tensor)
+        expected = _stored_nbytes(data_type, count)
         if expected is not None and raw != expected:
             raise InputError(
                 f"{model_name}: tensor {tensor.name!r} holds {raw} bytes of data, its type and dims "
                 f"{list(tensor.dims)} need {expected}"
             )
-        return
-    if tensor.data_type not in _TYPED_FIELD:  # packed and exotic types: onnx's own checks decide
-        return
-    field_name, per = _TYPED_FIELD[tensor.data_type]
-    count = _element_count(tensor) * per
+        return nbytes
+    if data_type not in _TYPED_FIELD:  # packed and exotic types: onnx's own checks decide
+        return nbytes
+    field_name, per = _TYPED_FIELD[data_type]
     have = len(getattr(tensor, field_name))
-    if have != count:
+    if have != count * per:
         raise InputError(
-            f"{model_name}: tensor {tensor.name!r} holds {have} values, its dims {list(tensor.dims)} need {count}"
+            f"{model_name}: tensor {tensor.name!r} holds {have} values, its dims {list(tensor.dims)} need {count * per}"
         )
+    return nbytes
 
 
 def tensor_nbytes(tensor: TensorProto) -> int:

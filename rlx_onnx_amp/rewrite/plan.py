@@ -159,26 +159,41 @@ class Scope:
         if owner is not None and elem is not None:
             owner.wants.setdefault(name, set()).add(elem)
 
+    def _record_outputs(self, decision: NodeDecision, outs: list[str]) -> None:
+        """`record`'s outputs part for a node without exactly one output."""
+        for k, name in enumerate(outs):
+            if name:
+                self.defined.add(name)
+                self.producer[name] = decision
+                if k in decision.output_types:
+                    self.storage[name] = decision.output_types[k]
+        if decision.source and outs and outs[0]:
+            self.tracked.add(outs[0])
+
     def record(
         self, decision: NodeDecision, ins: list[str], outs: list[str], orig_type: Callable[[str], int | None]
     ) -> None:
         """What the decide sweep learns from a decided node: its outputs' producer and storage
         type, and the types it reads the values whose storage follows their consumers at."""
-        defined, producer, storage, tracked = self.defined, self.producer, self.storage, self.tracked
-        output_types, input_types = decision.output_types, decision.input_types
-        for k, name in enumerate(outs):
+        defined, producer, tracked = self.defined, self.producer, self.tracked
+        output_types = decision.output_types
+        if len(outs) == 1:  # most nodes: no loop, no call
+            name = outs[0]
             if name:
                 defined.add(name)
                 producer[name] = decision
-                if k in output_types:
-                    storage[name] = output_types[k]
-        if decision.source and outs and outs[0]:
-            tracked.add(outs[0])
+                if 0 in output_types:
+                    self.storage[name] = output_types[0]
+                if decision.source:
+                    tracked.add(name)
+        else:
+            self._record_outputs(decision, outs)
         # Which types consumers read a value at matters only for values whose storage
         # follows their consumers (initializers, sources; see StorePass).
         nested = self.parent is not None
         if not nested and tracked.isdisjoint(ins):
             return
+        input_types = decision.input_types
         owner: Scope | None
         for k, name in enumerate(ins):
             if name in tracked:
