@@ -336,41 +336,23 @@ def stage_conversion(
             # model is converted, and checks the written file while the report is filled.
             separate = check and len(model.graph.node) >= SEPARATE_CHECK_NODES
             checker = running.enter_context(CheckerRun(separate)) if check else None
-            try:
-                rewritten = running.enter_context(
-                    rewrite_model(
-                        model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
-                        progress=step, fields=fields,
+            with contextlib.ExitStack() as rewriting:
+                try:
+                    rewritten = rewriting.enter_context(
+                        rewrite_model(
+                            model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
+                            progress=step, fields=fields,
+                        )
                     )
-                )
-                del fields  # the plan holds them while it needs them
-            finally:
-                sink.close()
-            data_names: list[str] = []
-            if isinstance(sink, ExternalSink) and sink.bytes_written:
-                name = data_name or content_data_name(dst.name, sink.digest())
-                sink.relocate(name)
-                os.replace(sink.path, outputs.stage(dst.parent / name, OutputSet.DATA))
-                data_names.append(name)
-            elif isinstance(sink, ExternalSink):
-                sink.path.unlink()
-            # Tensors already point at the data file: serialize directly (onnx.save would walk
-            # every tensor again looking for external data to write).
-            try:
-                serialized = model.SerializeToString()
-            except ValueError as e:
-                raise InputError(f"{dst}: cannot write output ({e})") from None
-            with open(staged_model, "wb") as f:
-                f.write(serialized)
-                f.flush()
-                # A checker process reads the written bytes from the page cache: it starts before
-                # they reach the disk, which the commit needs, not the check.
-                if checker is not None:
-                    checker.check(staged_model)
-                os.fsync(f.fileno())
-            del serialized, sink
-            rewritten.finish()
-            del model, tensors
+                    del fields  # the plan holds them while it needs them
+                finally:
+                    sink.close()
+                data_names = _write_staged(model, sink, staged_model, outputs, dst, data_name, checker)
+                del sink
+                rewritten.finish()
+            # The rewrite is over and the model, its fields and the plan are freed now, while the
+            # checker's process checks the file, rather than after its verdict.
+            del model, tensors, sizes, rewritten
             if checker is not None:
                 prove(staged_model, src, report, str(src), str(dst), checker)
     except OSError as e:
@@ -383,3 +365,39 @@ def stage_conversion(
         logger.info("%d Casts inserted, %d nodes kept f32", report.casts_inserted, len(report.kept_f32))
     logger.info("converted %s (staged as %s)", dst, staged_model)
     return StagedModel(staged_model, report)
+
+
+def _write_staged(
+    model: ModelProto,
+    sink: WeightSink,
+    staged_model: Path,
+    outputs: OutputSet,
+    dst: Path,
+    data_name: str | None,
+    checker: CheckerRun | None,
+) -> list[str]:
+    """Write the converted model (and its data file, staged beside it) and hand the file to
+    the checker; the data files' names."""
+    data_names: list[str] = []
+    if isinstance(sink, ExternalSink) and sink.bytes_written:
+        name = data_name or content_data_name(dst.name, sink.digest())
+        sink.relocate(name)
+        os.replace(sink.path, outputs.stage(dst.parent / name, OutputSet.DATA))
+        data_names.append(name)
+    elif isinstance(sink, ExternalSink):
+        sink.path.unlink()
+    # Tensors already point at the data file: serialize directly (onnx.save would walk
+    # every tensor again looking for external data to write).
+    try:
+        serialized = model.SerializeToString()
+    except ValueError as e:
+        raise InputError(f"{dst}: cannot write output ({e})") from None
+    with open(staged_model, "wb") as f:
+        f.write(serialized)
+        f.flush()
+        # A checker process reads the written bytes from the page cache: it starts before
+        # they reach the disk, which the commit needs, not the check.
+        if checker is not None:
+            checker.check(staged_model)
+        os.fsync(f.fileno())
+    return data_names
