@@ -34,10 +34,16 @@ Baseline (--baseline-rev REV, --repeat K): adds the contender rlx@REV, the same 
 run with the code of git revision REV (`git worktree add` into a temporary directory, removed
 afterwards). Both rlx and rlx@REV then run as `python3 -m rlx_onnx_amp` with PYTHONPATH set to their
 checkout, from a directory outside the repo (the module each imports is printed at start-up), K
-times each, alternating, and report their median wall; other contenders run once. A line per graph
-size gives the ratio rlx / rlx@REV. This is how a refactor is shown to be no slower:
+times each, alternating, and report their median wall. A line per graph size gives the ratio
+rlx / rlx@REV. This is how a refactor is shown to be no slower:
 
     python3 bench/scale.py --nodes 200000 --contenders rlx --baseline-rev a27eb95 --repeat 3
+
+With --nodes the peers (occ, ort) join the rounds too, K times each, and a line per graph size
+and peer gives rlx / peer of the medians: the converter against onnxruntime's, side by side in
+one run. With --model the peers run once (they take minutes on a large model's weights).
+
+    python3 bench/scale.py --nodes 200000 --contenders rlx,ort --peers-max-nodes 200000 --repeat 5
 
 JSON goes to bench/out/ (gitignored).
 """
@@ -361,24 +367,33 @@ def _verifies_by_default(t: Tree) -> bool:
 
 
 def run_rlx(trees: list[Tree], model: Path, work: Path, prefix: str, tag: str, warm_paths: list[Path],
-            args: argparse.Namespace, log_dir: Path) -> list[dict]:
-    """rlx (and rlx@REV) --repeat times each, alternating, writing work/<prefix><label>.onnx; one row
-    per tree (`_median_row`), named label + tag."""
-    runs: dict[str, list[dict]] = {t.label: [] for t in trees}
+            args: argparse.Namespace, log_dir: Path, peers: list[str] = ()) -> list[dict]:
+    """rlx (and rlx@REV), then each of `peers`, --repeat times each, alternating (each round runs
+    every one once, so that a drift of the machine's speed meets all alike), writing
+    work/<prefix><label>.onnx; one row per tree, then per peer (`_median_row`), named label + tag."""
+    runs: dict[str, list[dict]] = {label: [] for label in [*(t.label for t in trees), *peers]}
     # The conversion alone: a tree whose plain command verifies (safe by default) gets --no-verify.
     no_verify = {t.label: ["--no-verify"] if _verifies_by_default(t) else [] for t in trees}
     for i in range(args.repeat):
+        suffix = f"_r{i + 1}" if args.repeat > 1 else ""
         for t in trees:
             out = work / f"{prefix}{_safe(t.label)}.onnx"
             cmd = [*t.base, str(model), "--policy", args.policy, "-o", str(out), "-q", *no_verify[t.label]]
-            name = _safe(t.label) + tag + (f"_r{i + 1}" if args.repeat > 1 else "")
+            name = _safe(t.label) + tag + suffix
             runs[t.label].append(run_one(name, cmd, out, warm_paths, args.mem_gb, args.timeout, log_dir, t.env, t.cwd))
             if not args.keep:
                 for p in _outputs(out):
                     p.unlink(missing_ok=True)
-    rows = [_median_row(runs[t.label]) for t in trees]
-    for t, row in zip(trees, rows):
-        row["name"] = t.label + tag
+        for peer in peers:
+            out = work / f"{prefix}{peer}.onnx"
+            runs[peer].append(run_one(peer + tag + suffix, _cmd(peer, model, out, args.policy), out, warm_paths,
+                                      args.mem_gb, args.peer_timeout, log_dir))
+            if not args.keep:
+                for p in _outputs(out):
+                    p.unlink(missing_ok=True)
+    rows = [_median_row(runs[label]) for label in runs]
+    for label, row in zip(runs, rows):
+        row["name"] = label + tag
     return rows
 
 
@@ -388,6 +403,13 @@ def _ratio(rows: list[dict]) -> dict:
     ok = cur["status"] == "ok" and base["status"] == "ok" and base["wall_s"] > 0
     return {"rlx_s": cur["wall_s"], "baseline_s": base["wall_s"],
             "ratio": round(cur["wall_s"] / base["wall_s"], 3) if ok else None}
+
+
+def _peer_ratio(rlx: dict, peer: dict) -> dict:
+    """rlx / a peer converter of wall time, from their rows."""
+    ok = rlx["status"] == "ok" and peer["status"] == "ok" and peer["wall_s"] > 0
+    return {"rlx_s": rlx["wall_s"], "peer_s": peer["wall_s"],
+            "ratio": round(rlx["wall_s"] / peer["wall_s"], 3) if ok else None}
 
 
 def _print_ratio(ratio: dict, trees: list[Tree], where: str, repeat: int) -> None:
@@ -492,6 +514,7 @@ def mode_nodes(args: argparse.Namespace, trees: list[Tree]) -> dict:
     rows = []
     peer_limit = args.peers_max_nodes
     ratios = []
+    peer_ratios = []  # rlx / each peer, per graph size
     # Fixed cost of starting the CLI (interpreter + imports), to separate from per-node cost.
     startups = {t.label: run_one(f"{_safe(t.label)}_startup", [*t.base, "--version"], work / "none.onnx", [], args.mem_gb,
                                  60, log_dir, t.env, t.cwd) for t in trees}
@@ -503,26 +526,18 @@ def mode_nodes(args: argparse.Namespace, trees: list[Tree]) -> dict:
         print(f"built {path.name}: {meta['nodes']} nodes, {meta['initializers']} initializers, "
               f"{meta['bytes'] / 1e6:.1f} MB in {time.perf_counter() - t0:.1f}s", flush=True)
         names = [c for c in args.contenders.split(",") if c != "floor"]
-        for name in names:
-            if name == "rlx":
-                pair = run_rlx(trees, path, work, f"chain_{n}.", f"_{n}", [path], args, log_dir)
-                for t, res in zip(trees, pair):
-                    res["contender"] = t.label
-                    _per_node(res, meta["nodes"], startup_s[t.label])
-                rows += pair
-                if len(trees) > 1:
-                    ratios.append({"nodes": meta["nodes"], **_ratio(pair)})
-                continue
-            if n > peer_limit:
-                continue
-            out = work / f"chain_{n}.{name}.onnx"
-            res = run_one(f"{name}_{n}", _cmd(name, path, out, args.policy), out, [path], args.mem_gb, args.peer_timeout,
-                          log_dir)
-            res["contender"] = name
-            rows.append(_per_node(res, meta["nodes"]))
-            for p in _outputs(out):
-                if not args.keep:
-                    p.unlink(missing_ok=True)
+        peers = [c for c in names if c != "rlx"] if n <= peer_limit else []
+        contenders = trees if "rlx" in names else []
+        found = run_rlx(contenders, path, work, f"chain_{n}.", f"_{n}", [path], args, log_dir, peers)
+        for label, res in zip([*(t.label for t in contenders), *peers], found):
+            res["contender"] = label
+            _per_node(res, meta["nodes"], startup_s.get(label))
+        rows += found
+        if len(contenders) > 1:
+            ratios.append({"nodes": meta["nodes"], **_ratio(found[:2])})
+        for peer, res in zip(peers, found[len(contenders):]):
+            if contenders:
+                peer_ratios.append({"nodes": meta["nodes"], "peer": peer, **_peer_ratio(found[0], res)})
     print()
     for label, startup in startups.items():
         print(f"{'rlx-amp' if label == 'rlx' else label} --version (interpreter + imports): {startup_s[label]:.2f}s, "
@@ -541,8 +556,13 @@ def mode_nodes(args: argparse.Namespace, trees: list[Tree]) -> dict:
             print(f"  {r['name']}: {r['status']}")
     for ratio in ratios:
         _print_ratio(ratio, trees, f" at {ratio['nodes']} nodes", args.repeat)
+    what = f"median of {args.repeat} alternating runs each" if args.repeat > 1 else "one run each"
+    for ratio in peer_ratios:
+        print(f"rlx / {ratio['peer']} at {ratio['nodes']} nodes: {_fmt(ratio['ratio'], '.3f')} "
+              f"({_fmt(ratio['rlx_s'], '.2f')} s / {_fmt(ratio['peer_s'], '.2f')} s, {what})")
     print(f"logs: {log_dir}")
-    result = {"mode": "nodes", "policy": args.policy, "startup": startups["rlx"], "rows": rows}
+    result = {"mode": "nodes", "policy": args.policy, "startup": startups["rlx"], "rows": rows,
+              "peer_ratios": peer_ratios}
     if len(trees) > 1:
         result.update({"baseline_startup": startups[trees[1].label], "ratios": ratios})
     return result
@@ -563,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="JSON path (default bench/out/scale_<mode>.json)")
     ap.add_argument("--baseline-rev", metavar="REV", help="also run rlx@REV: rlx-amp with the code of git revision REV")
     ap.add_argument("--repeat", type=int, default=1, metavar="K",
-                    help="run rlx (and rlx@REV) K times each, alternating, and report the median wall")
+                    help="run rlx (and rlx@REV; with --nodes the peers too) K times each, alternating, "
+                         "and report the median wall")
     ap.add_argument("--worker", nargs=3, metavar=("KIND", "IN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
