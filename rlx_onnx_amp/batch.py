@@ -76,6 +76,7 @@ from rlx_onnx_amp.reports.text import (
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.verification import VerifyOptions, verify
 from rlx_onnx_amp.verification.compare import session_threads
+from rlx_onnx_amp.verification.inputs import GuessedAxesError
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 
 __all__ = [
@@ -202,7 +203,7 @@ class ConvertJob:
                 return prepare_reference(src, s.verify_options, screen=s.screen, progress=progress), None
             except ReferenceUnavailable as e:
                 error = e.error
-                if isinstance(error, InputError) and not s.export_dir:  # guessed axes: say where sizes are
+                if isinstance(error, GuessedAxesError) and not s.export_dir:  # say where the sizes are
                     error = InputError(f"{error}{genai_folder_hint(Path(src))}")
                 if s.verify_required:
                     raise error from None

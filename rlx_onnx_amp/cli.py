@@ -35,6 +35,7 @@ from rlx_onnx_amp.batch import (
     status,
     unexpected_failure,
 )
+from rlx_onnx_amp.directory import genai_folder_hint
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
     EXIT_DRIFT,
@@ -61,7 +62,7 @@ from rlx_onnx_amp.reports.text import (
 )
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions, verify
-from rlx_onnx_amp.verification.inputs import parse_range, parse_shape
+from rlx_onnx_amp.verification.inputs import GuessedAxesError, parse_range, parse_shape
 from rlx_onnx_amp.verification.reference import prepare_reference
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
@@ -541,9 +542,11 @@ def verify_cmd(
         with OutputSet(paths.protected()) as outputs:
             status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
             with StagedProgress(enabled=not quiet) as progress:
-                result = Verification.from_report(
-                    verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
-                )
+                try:
+                    verified = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+                except GuessedAxesError as e:  # a genai decoder: its folder's config has the sizes
+                    raise InputError(f"{e}{genai_folder_hint(Path(reference))}") from None
+                result = Verification.from_report(verified)
             if not quiet:
                 click.echo(verify_table(result, verbose=verbose > 0))
             elif not result.passed:  # -q still says that something failed, in one line

@@ -157,6 +157,26 @@ def test_a_genai_decoder_alone_says_where_its_cache_sizes_are(tmp_path: Path) ->
     assert refused.returncode == 2 and hint in refused.stderr and not (tmp_path / "v.onnx").exists()
 
 
+def test_verify_of_a_genai_decoder_says_where_its_cache_sizes_are(tmp_path: Path) -> None:
+    # `rlx-amp verify` on the decoder alone guesses the cache's head size (8, not 16): onnxruntime
+    # refuses the reference, and the line names the folder's config and command as convert's does.
+    hint = f"{GENAI} holds a genai_config.json: `rlx-amp {GENAI} -o OUT_DIR` converts the folder"
+    converted = rlx(GENAI / "model.onnx", "-p", "always-f16", "-o", tmp_path / "m.onnx", "--no-verify", "-q")
+    assert converted.returncode == 0, converted.stderr
+    refused = rlx("verify", GENAI / "model.onnx", tmp_path / "m.onnx", "-q")
+    assert refused.returncode == 2 and "symbolic axes were guessed" in refused.stderr
+    assert hint in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+    given = rlx("verify", GENAI / "model.onnx", tmp_path / "m.onnx", "-q", *GENAI_SHAPES)
+    assert given.returncode == 0, given.stderr + given.stdout
+    # Another folder's decoder (no genai_config.json beside it) gets the guess's line alone.
+    (tmp_path / "alone").mkdir()
+    for name in ("model.onnx", "model.onnx.data"):
+        (tmp_path / "alone" / name).write_bytes((GENAI / name).read_bytes())
+    alone = rlx("verify", tmp_path / "alone" / "model.onnx", tmp_path / "m.onnx", "-q")
+    assert alone.returncode == 2 and "symbolic axes were guessed" in alone.stderr
+    assert "genai_config.json" not in alone.stderr
+
+
 def _cache_model(path: Path, dims: list[int | str]) -> None:
     cache = [helper.make_tensor_value_info(f"past_key_values.0.{kv}", F, dims) for kv in ("key", "value")]
     out = helper.make_tensor_value_info("present.0.key", F, None)

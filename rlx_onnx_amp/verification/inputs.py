@@ -44,6 +44,7 @@ from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
 __all__ = [
     "DEFAULT_DIM",
     "MAX_SYNTHESIZED_BYTES",
+    "GuessedAxesError",
     "InputSpec",
     "check_feeds",
     "load_inputs",
@@ -167,6 +168,12 @@ def _guessed_shapes(model: onnx.ModelProto, spec: InputSpec) -> dict[str, tuple[
     return guessed
 
 
+class GuessedAxesError(InputError):
+    """The reference cannot run on synthesized inputs whose symbolic axes were guessed: an
+    input error (exit 2), since the user can give the sizes; where they are written down
+    (an onnxruntime-genai folder's config) the caller may say so."""
+
+
 def synthesized_inputs_error(error: ModelRunError, model: onnx.ModelProto, spec: InputSpec) -> AmpError:
     """What to say when the reference cannot run on synthesized inputs: where some of their
     axes were guessed, the guess is the likely cause (an audio Conv wider than 8 samples), and
@@ -176,7 +183,7 @@ def synthesized_inputs_error(error: ModelRunError, model: onnx.ModelProto, spec:
     if not guessed:
         return error
     shown = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in guessed.items())
-    return InputError(
+    return GuessedAxesError(
         f"{error} on synthesized inputs whose symbolic axes were guessed ({shown}); "
         "give their sizes with --shape NAME:1x128, or real inputs with --inputs FILE"
     )
