@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, NarrowBatch, narrow
+from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, NarrowBatch, check_inline_data, narrow, tensor_nbytes
 
 # Inf, NaN, signed zeros, values each precision clamps (past 65504; f32's max past bf16's) or
 # flushes to zero (1e-30 in f16, 1e-44 in bf16), and the edges of f16's rounding to Inf.
@@ -112,3 +113,47 @@ def test_the_largest_finite_magnitude_reads_in_chunks(tmp_path, monkeypatch) -> 
         entry.key, entry.value = key, value
     assert WeightSource(tmp_path).max_finite_abs(external) == 70000.0
     assert WeightSource(None).max_finite_abs(numpy_helper.from_array(np.array([np.nan, np.inf], np.float32))) == 0.0
+
+
+def _tensors_of_every_storage() -> list[TensorProto]:
+    """Inline tensors stored every way the load's check reads: raw bytes, typed fields, packed
+    4-bit, strings, scalars and empty ones."""
+    rng = np.random.default_rng(5)
+    found = [
+        numpy_helper.from_array(rng.standard_normal((3, 4)).astype(dtype), name=f"raw_{np.dtype(dtype).name}")
+        for dtype in (np.float32, np.float16, np.float64, np.int64, np.int8, np.bool_)
+    ]
+    found.append(helper.make_tensor("typed_float", TensorProto.FLOAT, [2, 3], [1.0] * 6))
+    found.append(helper.make_tensor("typed_int64", TensorProto.INT64, [4], [1, 2, 3, 4]))
+    found.append(helper.make_tensor("typed_f16", TensorProto.FLOAT16, [2], np.array([1, 2], np.float16).view(np.uint16)))
+    found.append(helper.make_tensor("int4", TensorProto.INT4, [5], [1, -2, 3, -4, 5]))
+    found.append(helper.make_tensor("strings", TensorProto.STRING, [2], [b"a", b"bc"]))
+    found.append(helper.make_tensor("scalar", TensorProto.FLOAT, [], [2.5]))
+    found.append(helper.make_tensor("empty", TensorProto.FLOAT, [0, 3], []))
+    return found
+
+
+@pytest.mark.parametrize("tensor", _tensors_of_every_storage(), ids=lambda t: t.name)
+def test_the_loads_check_gives_each_tensors_size(tensor: TensorProto) -> None:
+    # The load checks every tensor and takes its size from the same read: what it returns is
+    # what tensor_nbytes says (the external-data decision and the progress total add these up).
+    assert check_inline_data(tensor, "m.onnx") == tensor_nbytes(tensor)
+
+
+def _short_raw() -> TensorProto:
+    """A float [2, 3] with 20 bytes of raw data, not 24 (make_tensor refuses to make such tensors)."""
+    return TensorProto(name="short", data_type=TensorProto.FLOAT, dims=[2, 3], raw_data=b"\0" * 20)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "said"),
+    [
+        (_short_raw(), "holds 20 bytes of data, its type and dims \\[2, 3\\] need 24"),
+        (TensorProto(name="few", data_type=TensorProto.FLOAT, dims=[2, 3], float_data=[1.0] * 5), "holds 5 values, its dims \\[2, 3\\] need 6"),
+        (TensorProto(name="negative", data_type=TensorProto.FLOAT, dims=[-1]), "has negative dims \\[-1\\]"),
+    ],
+    ids=["raw", "typed", "dims"],
+)
+def test_the_loads_check_refuses_data_that_does_not_fit(tensor: TensorProto, said: str) -> None:
+    with pytest.raises(InputError, match=f"m.onnx: tensor '{tensor.name}' {said}"):
+        check_inline_data(tensor, "m.onnx")
