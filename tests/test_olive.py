@@ -37,9 +37,16 @@ _MISSING = None if importlib.util.find_spec("olive") else "olive-ai is not insta
 needs_olive = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
 
+#: No telemetry. olive-ai 0.13.0 logs its heartbeat before it reads OLIVE_DISABLE_TELEMETRY (or
+#: --disable_telemetry), and offline its exporter then retries for about 10 s as `olive run`
+#: exits; with CI set (the first thing it checks) it logs nothing.
+_NO_TELEMETRY = {"OLIVE_DISABLE_TELEMETRY": "1", "CI": "1"}
+
+
 @pytest.fixture(autouse=True)
 def _no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OLIVE_DISABLE_TELEMETRY", "1")  # olive.workflows.run in this process too
+    for name, value in _NO_TELEMETRY.items():  # olive.workflows.run in this process too
+        monkeypatch.setenv(name, value)
 
 
 def _env() -> dict[str, str]:
@@ -47,7 +54,7 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OLIVE_DISABLE_TELEMETRY"] = "1"
+    env.update(_NO_TELEMETRY)
     return env
 
 
