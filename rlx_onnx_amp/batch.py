@@ -36,8 +36,8 @@ from rlx_onnx_amp.directory import (
     StagedDirectory,
     check_cache_types,
     genai_cache_shapes,
-    genai_folder_hint,
     scan_export_dir,
+    with_genai_folder_hint,
 )
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
@@ -204,7 +204,7 @@ class ConvertJob:
             except ReferenceUnavailable as e:
                 error = e.error
                 if isinstance(error, GuessedAxesError) and not s.export_dir:  # say where the sizes are
-                    error = InputError(f"{error}{genai_folder_hint(Path(src))}")
+                    error = with_genai_folder_hint(error, Path(src))
                 if s.verify_required:
                     raise error from None
                 return None, str(error)

@@ -35,7 +35,7 @@ from rlx_onnx_amp.batch import (
     status,
     unexpected_failure,
 )
-from rlx_onnx_amp.directory import genai_folder_hint
+from rlx_onnx_amp.directory import with_genai_folder_hint
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
     EXIT_DRIFT,
@@ -545,7 +545,7 @@ def verify_cmd(
                 try:
                     verified = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
                 except GuessedAxesError as e:  # a genai decoder: its folder's config has the sizes
-                    raise InputError(f"{e}{genai_folder_hint(Path(reference))}") from None
+                    raise with_genai_folder_hint(e, Path(reference)) from None
                 result = Verification.from_report(verified)
             if not quiet:
                 click.echo(verify_table(result, verbose=verbose > 0))

@@ -46,8 +46,8 @@ __all__ = [
     "StagedDirectory",
     "check_cache_types",
     "genai_cache_shapes",
-    "genai_folder_hint",
     "scan_export_dir",
+    "with_genai_folder_hint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -204,14 +204,15 @@ def genai_cache_shapes(root: Path) -> dict[Path, dict[str, tuple[int, ...]]]:
     return {rel: shapes} if shapes else {}
 
 
-def genai_folder_hint(model: Path) -> str:
-    """For a model converted alone from an onnxruntime-genai folder: where its cache's sizes
-    are (the folder's genai_config.json, which that run does not read; "" elsewhere)."""
+def with_genai_folder_hint(error: InputError, model: Path) -> InputError:
+    """`error` (a verification's guessed cache sizes) for a model converted or verified alone
+    from an onnxruntime-genai folder, saying where the sizes are: the folder's
+    genai_config.json, which that run does not read; elsewhere `error` as it is."""
     folder = model.parent
     if not (folder / GENAI_CONFIG).is_file():
-        return ""
-    return (
-        f"; {folder} holds a {GENAI_CONFIG}: `rlx-amp {folder} -o OUT_DIR` converts the folder and "
+        return error
+    return InputError(
+        f"{error}; {folder} holds a {GENAI_CONFIG}: `rlx-amp {folder} -o OUT_DIR` converts the folder and "
         "verifies its decoder at the cache sizes the config gives"
     )
 

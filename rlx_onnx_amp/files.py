@@ -235,8 +235,7 @@ def remove_leftover_dirs(kept: frozenset[Path] = frozenset()) -> None:
     stop watchdog runs it too, before it ends the process (its thread defers no signal)."""
     with signals_deferred():
         for path in _LIVE_DIRS - kept:
-            shutil.rmtree(path, ignore_errors=True)
-            _LIVE_DIRS.discard(path)
+            remove_private_dir(path)
 
 
 add_last_resort(remove_leftover_dirs)
