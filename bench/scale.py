@@ -57,7 +57,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -316,8 +315,11 @@ class Tree(NamedTuple):
 
 
 def _installed_tree() -> Tree:
-    exe = shutil.which("rlx-amp")
-    return Tree("rlx", [exe] if exe else [sys.executable, "-m", "rlx_onnx_amp"])
+    """The `rlx-amp` script installed beside this interpreter, as the peers run on it: a PATH
+    lookup may find a version manager's shim instead (pyenv's runs bash scripts first, about
+    0.05 s), which the peers, started as sys.executable, do not pay."""
+    script = Path(sys.executable).with_name("rlx-amp")
+    return Tree("rlx", [str(script)] if script.is_file() else [sys.executable, "-m", "rlx_onnx_amp"])
 
 
 def _tree_at(label: str, root: Path, cwd: Path) -> Tree:

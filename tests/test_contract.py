@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -287,3 +288,43 @@ def test_without_onnxruntime_the_command_says_which_extra(tmp_path: Path) -> Non
         "(or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu and its CUDA provider)"
     )
     assert not (tmp_path / "demo.onnx").exists()
+
+
+def _run_command(tmp_path: Path, before: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`rlx_onnx_amp.__main__.run` (what the `rlx-amp` script calls) on ARGV in a fresh
+    interpreter, after the Python lines `before`."""
+    code = f"import sys\n{before}\nsys.argv = ['rlx-amp', *{list(argv)!r}]\nfrom rlx_onnx_amp.__main__ import run\nrun()\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as a user has it
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+
+
+def test_the_command_ends_after_atexit_handlers_and_flushed_streams(tmp_path: Path) -> None:
+    # The command skips the interpreter's teardown once its run is over: what an exit must do
+    # still happens (atexit handlers, logging's and the streams' flush) and the code is kept.
+    before = "import atexit\natexit.register(lambda: open('atexit-ran', 'w').write('yes') and print('atexit printed'))"
+    made = _run_command(tmp_path, before, "demo", "demo.onnx")
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "atexit-ran").read_text() == "yes" and made.stdout.endswith("atexit printed\n")
+    assert onnx.load(str(tmp_path / "demo.onnx")).graph.node
+    before = "print('before the run', flush=False)"  # stdout is a pipe: block-buffered
+    inspected = _run_command(tmp_path, before, "inspect", "demo.onnx")
+    assert inspected.returncode == 0, inspected.stderr
+    assert inspected.stdout.startswith("before the run\n") and "demo.onnx" in inspected.stdout
+    logged = _run_command(tmp_path, "", "demo.onnx", "-o", "out.onnx", "--no-verify", "-v")
+    assert logged.returncode == 0, logged.stderr
+    assert "Casts inserted" in logged.stderr and onnx.load(str(tmp_path / "out.onnx")).graph.node
+    failed = _run_command(tmp_path, "", "inspect", "missing.onnx")
+    assert failed.returncode == 2 and failed.stderr.strip() == "rlx-amp: error: missing.onnx: no such file"
+
+
+def test_the_command_waits_for_a_thread_that_is_not_a_daemon(tmp_path: Path) -> None:
+    # A caller's own thread still running when the run is over gets the interpreter's exit,
+    # which waits for it, rather than the quick one.
+    before = (
+        "import threading, time\n"
+        "def late():\n    time.sleep(1.0)\n    open('thread-done', 'w').write('yes')\n"
+        "threading.Thread(target=late).start()"
+    )
+    made = _run_command(tmp_path, before, "demo", "demo.onnx")
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "thread-done").read_text() == "yes"

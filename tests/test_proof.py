@@ -59,8 +59,19 @@ def test_the_checker_says_what_it_says_in_this_process(tmp_path: Path, broken: s
         process = run._process
         run.check(model)
         assert run.result() == here
-    # Reaped: it gave its verdict and ended, or (the checks here failed first) it was stopped.
-    assert process is None or process.returncode in ((0,) if broken != "op" else (0, -signal.SIGKILL))
+    # Reaped: it gave its verdict and ended (reaped by a thread, it may still be ending), or
+    # (the checks here failed first) it was stopped.
+    if process is not None:
+        _wait_reaped(process)
+        assert process.returncode in ((0,) if broken != "op" else (0, -signal.SIGKILL))
+
+
+def _wait_reaped(process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until CheckerRun has reaped `process` (it leaves `proof._RUNNING` once waited for)."""
+    deadline = time.monotonic() + timeout
+    while process in proof._RUNNING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process not in proof._RUNNING and process.returncode is not None
 
 
 def test_close_stops_a_checker_still_running_and_reaps_it(tmp_path: Path) -> None:
