@@ -16,17 +16,20 @@ import ctypes
 import gc
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 import onnx
 from onnx import ModelProto
 
 from rlx_onnx_amp.errors import AmpError, InputError, first_line, message_first_line
 from rlx_onnx_amp.exits import add_last_resort
+from rlx_onnx_amp.files import private_dir, remove_private_dir
 from rlx_onnx_amp.reports.conversion import ConversionReport
 
 __all__ = ["SEPARATE_CHECK_NODES", "CheckerRun", "checker_failure", "onnxruntime_failure", "prove"]
@@ -42,26 +45,35 @@ _LIMIT = 1000  # characters of the checker's first line
 #: A model in memory (a protobuf at most 2 GiB) or a model file.
 _Checkable = ModelProto | str | os.PathLike[str]
 
-# The checker's process: it reads a model path on stdin (to its end), runs the full checker's
-# strict shape inference on it and writes "P", or "F" with the exception's type name, a NUL and
-# its text, then closes stdout and ends; the checks before it run in this process meanwhile
-# (`CheckerRun.result`). It ignores
-# SIGINT (a terminal's ^C reaches the whole process group; this process stops it). `-P`: the
-# working directory is not put on its sys.path.
+# The checker's process: it reads a model path on stdin (to its end; then a NUL and a FIFO's
+# path, where there is one) and runs the full checker's strict shape inference on it. It
+# writes "F", the exception's type name, a NUL and its text when the inference fails, else
+# "P", then closes stdout and ends. With a FIFO, the inference's output file is the FIFO: onnx
+# opens its output only once the inference has passed (shape_inference/implementation.cc,
+# InferShapes(model_path, save_path), since at least onnx 1.16), so that open is the verdict
+# "passed", which `CheckerRun` sees as it happens; serializing the inferred model and freeing it
+# (a third of a second after a 200,000-node graph) come after it, and this process is stopped
+# instead. Its C++ prints (the checker's warning) go to the null device, not into the verdict.
+# It ignores SIGINT (a terminal's ^C reaches the whole process group; this process stops it).
+# `-P`: the working directory is not put on its sys.path.
 _INFERENCE_PROCESS = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 import onnx.shape_inference
-path = os.fsdecode(sys.stdin.buffer.read())
+verdict = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+path, _, fifo = os.fsdecode(sys.stdin.buffer.read()).partition("\\0")
 if path:
     try:
-        onnx.shape_inference.infer_shapes_path(path, os.devnull, check_type=True, strict_mode=True)
+        onnx.shape_inference.infer_shapes_path(path, fifo or os.devnull, check_type=True, strict_mode=True)
         said = "P"
     except Exception as e:
         said = "F" + type(e).__name__ + "\\0" + str(e)
-    sys.stdout.buffer.write(said.encode("utf-8", "replace"))
-    sys.stdout.buffer.flush()
-    os.close(1)  # its reader sees the end now, not once this process's memory is unmapped
+    try:
+        os.write(verdict, said.encode("utf-8", "replace"))
+    except OSError:
+        pass  # the FIFO's open gave the verdict and its reader is gone
+    os.close(verdict)  # its reader sees the end now, not once this process's memory is unmapped
     os._exit(0)  # the verdict is out: no interpreter teardown to wait for
 """
 
@@ -101,7 +113,12 @@ class CheckerRun:
     def __init__(self, separate: bool) -> None:
         self._path: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._ending = False
+        self._verdict = False
+        self._fifo: Path | None = None
+        # What the process says (its stdout, read by a thread) and the FIFO's open, in the
+        # order they happen: ("said", bytes) or ("opened", b"").
+        self._heard: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         if separate:
             try:
                 self._process = subprocess.Popen(
@@ -121,12 +138,24 @@ class CheckerRun:
     def check(self, path: str | os.PathLike[str]) -> None:
         """Start the checker on `path` (once)."""
         self._path = Path(path)
-        if self._process is not None and self._process.stdin is not None:
-            try:
-                self._process.stdin.write(os.fsencode(self._path))
-                self._process.stdin.close()
-            except OSError:
-                self.close()
+        process = self._process
+        if process is None or process.stdin is None or process.stdout is None:
+            return
+        self._fifo = _make_fifo(self._path.parent)
+        said = os.fsencode(self._path) + (b"\0" + os.fsencode(self._fifo) if self._fifo is not None else b"")
+        self._listen(_read_said, process.stdout)
+        if self._fifo is not None:
+            self._listen(_wait_opened, self._fifo)
+        try:
+            process.stdin.write(said)
+            process.stdin.close()
+        except OSError:
+            self.close()
+
+    def _listen(self, target: Callable[[Any, queue.SimpleQueue[tuple[str, bytes]]], None], source: Any) -> None:
+        thread = threading.Thread(target=target, args=(source, self._heard), name="rlx-amp-checker", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def result(self) -> str | None:
         """What `checker_failure(path)` says: the checker's first line, or None when it passes.
@@ -135,7 +164,7 @@ class CheckerRun:
         `full_check=True`): with a process of its own the inference runs there while the
         checks run here, and the checks' failure comes first, as in the full check."""
         assert self._path is not None, "check(path) first"
-        if self._process is None or self._process.stdout is None:
+        if self._process is None or not self._threads:
             return checker_failure(self._path)
         try:
             onnx.checker.check_model(str(self._path), full_check=False)
@@ -143,10 +172,10 @@ class CheckerRun:
             self.close()
             return first_line(e, _LIMIT)
         _release_memory()  # while the inference runs there
-        said = self._process.stdout.read()
-        self._ending = said[:1] in (b"P", b"F")  # its verdict is out: it ends by itself
+        what, said = self._heard.get()
+        self._verdict = what == "opened" or said[:1] in (b"P", b"F")
         self.close()
-        if said[:1] == b"P":
+        if what == "opened" or said[:1] == b"P":
             return None
         if said[:1] == b"F":
             type_name, _, text = said[1:].decode("utf-8", "replace").partition("\0")
@@ -156,19 +185,27 @@ class CheckerRun:
 
     def close(self) -> None:
         """Stop the checker's process if it still runs, and reap it: at once, or (a process
-        that gave its verdict and is ending on its own) in a thread beside the run, since its
-        end waits for its memory to be unmapped (30 ms after a 200,000-node graph)."""
+        that gave its verdict) in a thread beside the run, since its end waits for its memory
+        to be unmapped (30 ms after a 200,000-node graph); remove the FIFO."""
         process, self._process = self._process, None
         if process is None:
             return
-        for pipe in (process.stdin, process.stdout):
-            if pipe is not None:
-                pipe.close()
-        if self._ending and process.poll() is None:
+        if process.stdin is not None:
+            process.stdin.close()
+        if process.poll() is None:
+            process.kill()  # after the FIFO's open, it serializes and frees the inferred model
+        for thread in self._threads:  # they end with the process's stdout and the FIFO's open
+            while self._fifo is not None and thread.is_alive():
+                _release_opener(self._fifo)  # again until it lands: the thread may not wait yet
+                thread.join(0.001)
+            thread.join()
+        if process.stdout is not None:
+            process.stdout.close()
+        if self._fifo is not None:
+            remove_private_dir(self._fifo.parent)
+        if self._verdict:
             threading.Thread(target=_reap, args=(process,), name="rlx-amp-checker-reaper", daemon=True).start()
             return
-        if process.poll() is None:
-            process.kill()
         _reap(process)
 
     def __enter__(self) -> CheckerRun:
@@ -176,6 +213,48 @@ class CheckerRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _make_fifo(directory: Path) -> Path | None:
+    """A FIFO in a private directory in `directory`, or None (no FIFOs here)."""
+    if not hasattr(os, "mkfifo"):
+        return None
+    try:
+        fifo = private_dir(".rlx-amp-checker-", directory) / "inferred"
+    except OSError:
+        return None
+    try:
+        os.mkfifo(fifo, 0o600)
+    except OSError as e:
+        logger.debug("no FIFO for the checker in %s (%s)", directory, e)
+        remove_private_dir(fifo.parent)
+        return None
+    return fifo
+
+
+def _read_said(stdout: IO[bytes], heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:
+    """What the checker's process writes, to its end (b"" when it ended without a word)."""
+    with contextlib.suppress(OSError, ValueError):  # closed by `close` after a verdict
+        heard.put(("said", stdout.read()))
+        return
+    heard.put(("said", b""))
+
+
+def _wait_opened(fifo: Path, heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:
+    """Block until the FIFO is opened to write (by onnx, once the inference has passed, or by
+    `_release_opener`); the open is the news, not the bytes, so the reader closes at once."""
+    try:
+        fd = os.open(fifo, os.O_RDONLY)
+    except OSError:
+        return
+    os.close(fd)
+    heard.put(("opened", b""))
+
+
+def _release_opener(fifo: Path) -> None:
+    """Open the FIFO to write, which ends `_wait_opened`'s wait if it still waits."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader waits (it was opened already)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:

@@ -48,22 +48,31 @@ def _chain(path: Path, blocks: int = 3, broken: str = "") -> Path:
 
 
 @pytest.mark.parametrize("broken", ["", "types", "op"])
-@pytest.mark.parametrize("separate", [True, False])
-def test_the_checker_says_what_it_says_in_this_process(tmp_path: Path, broken: str, separate: bool) -> None:
+@pytest.mark.parametrize("separate", ["fifo", "stdout", ""])
+def test_the_checker_says_what_it_says_in_this_process(
+    tmp_path: Path, broken: str, separate: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a process of its own the verdict "passed" is the FIFO's open (onnx opens its output
+    only once the inference passed: were it opened before, the inference failure of "types"
+    would pass here), or, with no FIFO, the process's "P"."""
+    if separate == "stdout":
+        monkeypatch.setattr(proof, "_make_fifo", lambda directory: None)
     model = _chain(tmp_path / "m.onnx", broken=broken)
     here = checker_failure(model)
     assert (here is None) == (not broken), here
     assert broken != "op" or "NoSuchOp" in (here or "")
-    with CheckerRun(separate) as run:
-        assert run.separate == separate
+    with CheckerRun(bool(separate)) as run:
+        assert run.separate == bool(separate)
         process = run._process
         run.check(model)
+        assert (run._fifo is not None) == (separate == "fifo")
         assert run.result() == here
-    # Reaped: it gave its verdict and ended (reaped by a thread, it may still be ending), or
-    # (the checks here failed first) it was stopped.
+    # Reaped: stopped once it gave its verdict, or done already (reaped by a thread, it may
+    # still be ending); the FIFO and its directory are gone.
     if process is not None:
         _wait_reaped(process)
-        assert process.returncode in ((0,) if broken != "op" else (0, -signal.SIGKILL))
+        assert process.returncode in (0, -signal.SIGKILL)
+    assert list(tmp_path.iterdir()) == [model]
 
 
 def _wait_reaped(process: subprocess.Popen[bytes], timeout: float = 60) -> None:
