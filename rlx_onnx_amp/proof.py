@@ -215,9 +215,25 @@ class CheckerRun:
         self.close()
 
 
+#: The onnx releases whose InferShapes(model_path, save_path) was read to open its output only
+#: after the inference (1.14 to 1.23): the FIFO's open is a verdict only for these.
+_FIFO_ONNX = ((1, 14), (1, 24))
+
+
+def _onnx_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of an onnx version string, or None when it does not start with them."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def _make_fifo(directory: Path) -> Path | None:
-    """A FIFO in a private directory in `directory`, or None (no FIFOs here)."""
-    if not hasattr(os, "mkfifo"):
+    """A FIFO in a private directory in `directory`, or None (no FIFOs here, or an onnx whose
+    order of inference and open was not read)."""
+    release = _onnx_release(onnx.__version__)
+    if not hasattr(os, "mkfifo") or release is None or not _FIFO_ONNX[0] <= release < _FIFO_ONNX[1]:
         return None
     try:
         fifo = private_dir(".rlx-amp-checker-", directory) / "inferred"

@@ -75,6 +75,19 @@ def test_the_checker_says_what_it_says_in_this_process(
     assert list(tmp_path.iterdir()) == [model]
 
 
+@pytest.mark.parametrize(("version", "fifo"), [("1.23.2", True), ("1.14.0", True), ("1.24.0", False),
+                                               ("2.0.0", False), ("1.13.1", False), ("main", False)])
+def test_the_fifo_serves_only_the_onnx_releases_read(
+    tmp_path: Path, version: str, fifo: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proof.onnx, "__version__", version)
+    made = proof._make_fifo(tmp_path)
+    assert (made is not None) == fifo
+    if made is not None:
+        proof.remove_private_dir(made.parent)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _wait_reaped(process: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until CheckerRun has reaped `process` (it leaves `proof._RUNNING` once waited for)."""
     deadline = time.monotonic() + timeout
