@@ -49,6 +49,7 @@ from rlx_onnx_amp.exits import (
     error_line,
     raise_stop,
     raise_terminated,
+    spare_until_exit,
     stop_requested,
     watch_stops,
     worst_exit_code,
@@ -172,6 +173,7 @@ class ConvertJob:
                 src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
             )
         conversion = Conversion.from_report(staged.report, output=shown)
+        spare_until_exit(staged.report)  # the conversion's result is `conversion` from here on
         self._converted(ModelResult(conversion))
         if reference is None:
             if unverified is not None:  # exit 4 (`ModelResult.exit_code`)

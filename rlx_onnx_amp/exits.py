@@ -170,6 +170,26 @@ _commit_lock = threading.RLock()
 _last_resorts: list[Callable[[], None]] = []
 
 
+#: The last object `spare_until_exit` was given, in a process that ends with os._exit
+#: (`__main__.run`); None in any other process, which frees everything as it goes.
+_spared: list[object] | None = None
+
+
+def ends_with_os_exit() -> None:
+    """Say that this process ends with os._exit once its run is over (`__main__.run`): what is
+    alive then is never freed, so `spare_until_exit` may keep an object alive."""
+    global _spared
+    _spared = []
+
+
+def spare_until_exit(obj: object) -> None:
+    """In a process that ends with os._exit, hold `obj` (freeing the one held before) so that
+    its free, needless work after the run, is skipped: a 200,000-node conversion's report takes
+    30 ms (one path string per node). Anywhere else, nothing: `obj` is freed as usual."""
+    if _spared is not None:
+        _spared[:] = [obj]
+
+
 def add_last_resort(cleanup: Callable[[], None]) -> None:
     """Have a watchdog that ends the process run `cleanup` first (once per process: the
     callable looks up what is live itself)."""
