@@ -141,7 +141,11 @@ class DecidePass(Pass[Plan]):
             )
             key = (domain, op, key_types, attr_type, len(outs)) if templated and not children else None
             template = get_template(key) if key is not None else None
-            if template is not None and type_from(template, outs, orig):
+            # type_from's common case without a call: one named output, of no declared type.
+            if template is not None and len(outs) == 1 and outs[0] and outs[0] not in orig:
+                orig[outs[0]] = template.output_types[0]  # type: ignore[assignment]  # as type_from
+                outcome = template.outcome
+            elif template is not None and type_from(template, outs, orig):
                 outcome = template.outcome
             else:
                 facts, derived = self._facts(
