@@ -20,6 +20,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 SEPARATE_CHECK_NODES = 20_000
 
 _LIMIT = 1000  # characters of the checker's first line
+_RELEASE_S = 2.0  # how long `CheckerRun.close` tries to end the wait in the FIFO's open
 
 #: A model in memory (a protobuf at most 2 GiB) or a model file.
 _Checkable = ModelProto | str | os.PathLike[str]
@@ -194,11 +196,16 @@ class CheckerRun:
             process.stdin.close()
         if process.poll() is None:
             process.kill()  # after the FIFO's open, it serializes and frees the inferred model
-        for thread in self._threads:  # they end with the process's stdout and the FIFO's open
-            while self._fifo is not None and thread.is_alive():
-                _release_opener(self._fifo)  # again until it lands: the thread may not wait yet
+        # The threads end with the process's stdout and with the FIFO's open, which this
+        # process makes itself, again until it lands (the thread may not wait in it yet); a
+        # FIFO that cannot be opened any more (its directory removed under the run) leaves
+        # its daemon thread waiting rather than this one.
+        deadline = time.monotonic() + _RELEASE_S
+        for thread in self._threads:
+            while self._fifo is not None and thread.is_alive() and time.monotonic() < deadline:
+                _release_opener(self._fifo)
                 thread.join(0.001)
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()) if self._fifo is not None else None)
         if process.stdout is not None:
             process.stdout.close()
         if self._fifo is not None:

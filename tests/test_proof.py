@@ -107,6 +107,27 @@ def test_close_stops_a_checker_still_running_and_reaps_it(tmp_path: Path) -> Non
     assert not run.separate
 
 
+def test_close_returns_when_the_fifo_went_with_its_directory(tmp_path: Path) -> None:
+    """A FIFO removed under the run (its directory deleted) cannot be opened to end the wait
+    in its open: close gives up after a bounded time instead of hanging."""
+    import shutil
+
+    run = CheckerRun(True)
+    assert run._process is not None and run._process.stdout is not None
+    # As check() sets it up, but with no path sent: the process waits on its stdin and never
+    # opens the FIFO, whose thread waits in its open.
+    run._path = _chain(tmp_path / "m.onnx")
+    run._fifo = fifo = proof._make_fifo(tmp_path)
+    assert fifo is not None
+    run._listen(proof._read_said, run._process.stdout)
+    run._listen(proof._wait_opened, fifo)
+    shutil.rmtree(fifo.parent)
+    started = time.monotonic()
+    run.close()
+    assert time.monotonic() - started < proof._RELEASE_S + 5
+    assert not run.separate and run._threads[1].is_alive()  # left waiting, a daemon
+
+
 def test_a_checker_that_ends_without_a_verdict_is_run_here(tmp_path: Path) -> None:
     model = _chain(tmp_path / "m.onnx", broken="types")
     run = CheckerRun(True)
