@@ -52,7 +52,7 @@ _Checkable = ModelProto | str | os.PathLike[str]
 # writes "F", the exception's type name, a NUL and its text when the inference fails, else
 # "P", then closes stdout and ends. With a FIFO, the inference's output file is the FIFO: onnx
 # opens its output only once the inference has passed (shape_inference/implementation.cc,
-# InferShapes(model_path, save_path), since at least onnx 1.16), so that open is the verdict
+# InferShapes(model_path, save_path), read for the releases of `_FIFO_ONNX`), so that open is the verdict
 # "passed", which `CheckerRun` sees as it happens; serializing the inferred model and freeing it
 # (a third of a second after a 200,000-node graph) come after it, and this process is stopped
 # instead. Its C++ prints (the checker's warning) go to the null device, not into the verdict.
