@@ -3,10 +3,11 @@ the checker refuses) onnxruntime loads the input and the output alike.
 
 The checker is the longest single step of a plain conversion of a large graph without
 verification (about a quarter of it at 200,000 nodes) and holds the GIL, so a thread cannot run
-beside it. `CheckerRun` runs its strict shape inference (most of it) in a process of its own,
-started while the model is converted (its imports take a quarter of a second) and given the
-written file, while this process fills the conversion's report and runs the checks before the
-inference. Its verdict is `checker_failure`'s, word for word.
+beside it. `CheckerRun` runs it in a process of its own, started while the model is converted
+(its imports take a quarter of a second) and given the written file: there its checks before
+the inference run in a forked copy beside its strict shape inference, so this process (which
+fills the conversion's report meanwhile) neither parses the output again nor holds its memory.
+Its verdict is `checker_failure`'s, word for word.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import gc
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -42,41 +44,56 @@ logger = logging.getLogger(__name__)
 SEPARATE_CHECK_NODES = 20_000
 
 _LIMIT = 1000  # characters of the checker's first line
+_CHECKS_READER = "rlx-amp-checker-checks"  # the thread that reads the checks' verdict
 _RELEASE_S = 2.0  # how long `CheckerRun.close` tries to end the wait in the FIFO's open
 
 #: A model in memory (a protobuf at most 2 GiB) or a model file.
 _Checkable = ModelProto | str | os.PathLike[str]
 
 # The checker's process: it reads a model path on stdin (to its end; then a NUL and a FIFO's
-# path, where there is one) and runs the full checker's strict shape inference on it. It
-# writes "F", the exception's type name, a NUL and its text when the inference fails, else
-# "P", then closes stdout and ends. With a FIFO, the inference's output file is the FIFO: onnx
-# opens its output only once the inference has passed (shape_inference/implementation.cc,
-# InferShapes(model_path, save_path), read for the releases of `_FIFO_ONNX`), so that open is the verdict
-# "passed", which `CheckerRun` sees as it happens; serializing the inferred model and freeing it
-# (a third of a second after a 200,000-node graph) come after it, and this process is stopped
-# instead. Its C++ prints (the checker's warning) go to the null device, not into the verdict.
-# It ignores SIGINT (a terminal's ^C reaches the whole process group; this process stops it).
+# path, where there is one) and runs the full checker on it: its strict shape inference here,
+# and, when its first argument names a file descriptor, its checks before the inference
+# (`check_model(full_check=False)`) in a forked copy, which writes its verdict to that
+# descriptor. Each verdict is "F", the exception's type name, a NUL and its text when it fails,
+# else "P"; each writer then closes its descriptor and ends. With a FIFO, the inference's output
+# file is the FIFO: onnx opens its output only once the inference has passed
+# (shape_inference/implementation.cc, InferShapes(model_path, save_path), read for the releases
+# of `_FIFO_ONNX`), so that open is the verdict "passed", which `CheckerRun` sees as it happens;
+# serializing the inferred model and freeing it (a third of a second after a 200,000-node graph)
+# come after it, and this process is stopped instead. Its C++ prints (the checker's warning) go
+# to the null device, not into a verdict. It ignores SIGINT (a terminal's ^C reaches the whole
+# process group; `CheckerRun` stops it and its copy, which lead a process group of their own).
 # `-P`: the working directory is not put on its sys.path.
 _INFERENCE_PROCESS = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-import onnx.shape_inference
+import onnx.checker, onnx.shape_inference
+checks = int(sys.argv[1]) if len(sys.argv) > 1 else -1
 verdict = os.dup(1)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 path, _, fifo = os.fsdecode(sys.stdin.buffer.read()).partition("\\0")
-if path:
+
+def run(check, out):
     try:
-        onnx.shape_inference.infer_shapes_path(path, fifo or os.devnull, check_type=True, strict_mode=True)
+        check()
         said = "P"
     except Exception as e:
         said = "F" + type(e).__name__ + "\\0" + str(e)
     try:
-        os.write(verdict, said.encode("utf-8", "replace"))
+        os.write(out, said.encode("utf-8", "replace"))
     except OSError:
-        pass  # the FIFO's open gave the verdict and its reader is gone
-    os.close(verdict)  # its reader sees the end now, not once this process's memory is unmapped
+        pass  # the verdict came another way and its reader is gone
+    os.close(out)  # its reader sees the end now, not once this process's memory is unmapped
     os._exit(0)  # the verdict is out: no interpreter teardown to wait for
+
+if path:
+    if checks >= 0:
+        if os.fork() == 0:
+            os.close(verdict)
+            run(lambda: onnx.checker.check_model(path, full_check=False), checks)
+        os.close(checks)
+    run(lambda: onnx.shape_inference.infer_shapes_path(path, fifo or os.devnull, check_type=True, strict_mode=True),
+        verdict)
 """
 
 
@@ -91,13 +108,27 @@ def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
     return None
 
 
+#: Whether a checker's process leads a process group of its own, where its checks run in a
+#: forked copy (POSIX): stopping it stops both.
+_OWN_GROUP = hasattr(os, "fork") and hasattr(os, "killpg")
+
 #: The checkers' processes that run now: what a watchdog that ends the process kills first.
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 
 
 def _kill_running() -> None:
     for process in list(_RUNNING):
-        with contextlib.suppress(OSError):
+        _kill(process)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """Stop a checker's process and its forked copy: the process group it leads."""
+    if process.returncode is not None:
+        return  # reaped: its number may be another's now
+    with contextlib.suppress(OSError):
+        if _OWN_GROUP:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
             process.kill()
 
 
@@ -117,20 +148,40 @@ class CheckerRun:
         self._process: subprocess.Popen[bytes] | None = None
         self._verdict = False
         self._fifo: Path | None = None
-        # What the process says (its stdout, read by a thread) and the FIFO's open, in the
-        # order they happen: ("said", bytes) or ("opened", b"").
+        # The read end of the pipe the checks' verdict comes on (None: the checks run here);
+        # its reader closes it.
+        self._checks: int | None = None
+        # What the process says (its stdout, read by a thread), the checks' verdict and the
+        # FIFO's open, in the order they happen: ("said", bytes), ("checked", bytes) or
+        # ("opened", b"").
         self._heard: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         if separate:
-            try:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-P", "-c", _INFERENCE_PROCESS],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                )
-            except OSError as e:
-                logger.debug("cannot start the checker's process (%s): it runs in this process", e)
-            else:
-                _RUNNING.add(self._process)
+            self._start()
+
+    def _start(self) -> None:
+        """The checker's process, with a pipe for its checks' verdict where it can fork."""
+        read_end = write_end = -1
+        if _OWN_GROUP:
+            with contextlib.suppress(OSError):
+                read_end, write_end = os.pipe()
+        argv = [sys.executable, "-P", "-c", _INFERENCE_PROCESS] + ([str(write_end)] if write_end >= 0 else [])
+        try:
+            self._process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                pass_fds=(write_end,) if write_end >= 0 else (), start_new_session=_OWN_GROUP,
+            )
+        except OSError as e:
+            logger.debug("cannot start the checker's process (%s): it runs in this process", e)
+            if read_end >= 0:
+                os.close(read_end)
+        else:
+            _RUNNING.add(self._process)
+            if read_end >= 0:
+                self._checks = read_end
+        finally:
+            if write_end >= 0:
+                os.close(write_end)  # the process's copy is the only writer: its end is the pipe's
 
     @property
     def separate(self) -> bool:
@@ -146,6 +197,8 @@ class CheckerRun:
         self._fifo = _make_fifo(self._path.parent)
         said = os.fsencode(self._path) + (b"\0" + os.fsencode(self._fifo) if self._fifo is not None else b"")
         self._listen(_read_said, process.stdout)
+        if self._checks is not None:
+            self._listen(_read_checked, self._checks, _CHECKS_READER)
         if self._fifo is not None:
             self._listen(_wait_opened, self._fifo)
         try:
@@ -154,8 +207,11 @@ class CheckerRun:
         except OSError:
             self.close()
 
-    def _listen(self, target: Callable[[Any, queue.SimpleQueue[tuple[str, bytes]]], None], source: Any) -> None:
-        thread = threading.Thread(target=target, args=(source, self._heard), name="rlx-amp-checker", daemon=True)
+    def _listen(
+        self, target: Callable[[Any, queue.SimpleQueue[tuple[str, bytes]]], None], source: Any,
+        name: str = "rlx-amp-checker",
+    ) -> None:
+        thread = threading.Thread(target=target, args=(source, self._heard), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
@@ -164,26 +220,45 @@ class CheckerRun:
 
         onnx's full check is its checks, then strict shape inference (`check_model` with
         `full_check=True`): with a process of its own the inference runs there while the
-        checks run here, and the checks' failure comes first, as in the full check."""
+        checks run in its forked copy (here, where it cannot fork), and the checks' failure
+        comes first, as in the full check."""
         assert self._path is not None, "check(path) first"
         if self._process is None or not self._threads:
             return checker_failure(self._path)
-        try:
-            onnx.checker.check_model(str(self._path), full_check=False)
-        except Exception as e:
-            self.close()
-            return first_line(e, _LIMIT)
-        _release_memory()  # while the inference runs there
-        what, said = self._heard.get()
-        self._verdict = what == "opened" or said[:1] in (b"P", b"F")
+        if self._checks is None:
+            try:
+                onnx.checker.check_model(str(self._path), full_check=False)
+            except Exception as e:
+                self.close()
+                return first_line(e, _LIMIT)
+            checked: bytes | None = b"P"
+        else:
+            checked = None
+        _release_memory()  # while the checker runs there
+        inferred: bytes | None = None  # what the inference says; the FIFO's open says b"P"
+        # The checks' failure comes first, as in the full check: their verdict is awaited even
+        # after the inference's.
+        while checked is None or inferred is None:
+            what, said = self._heard.get()
+            if what == "checked":
+                checked = said
+                if not said.startswith(b"P"):
+                    break
+            elif inferred is None:
+                inferred = b"P" if what == "opened" else said
+        assert checked is not None
+        self._verdict = checked.startswith(b"F") or (
+            checked.startswith(b"P") and inferred is not None and inferred[:1] in (b"P", b"F")
+        )
         self.close()
-        if what == "opened" or said[:1] == b"P":
-            return None
-        if said[:1] == b"F":
+        if not self._verdict:
+            logger.debug("the checker's process ended without a verdict: checking in this process")
+            return checker_failure(self._path)
+        said = checked if checked.startswith(b"F") else inferred or b"P"
+        if said.startswith(b"F"):
             type_name, _, text = said[1:].decode("utf-8", "replace").partition("\0")
             return message_first_line(type_name, text, _LIMIT)
-        logger.debug("the checker's process ended without a verdict: checking in this process")
-        return checker_failure(self._path)
+        return None
 
     def close(self) -> None:
         """Stop the checker's process if it still runs, and reap it: at once, or (a process
@@ -194,8 +269,7 @@ class CheckerRun:
             return
         if process.stdin is not None:
             process.stdin.close()
-        if process.poll() is None:
-            process.kill()  # after the FIFO's open, it serializes and frees the inferred model
+        _kill(process)  # after the FIFO's open, it serializes and frees the inferred model
         # The threads end with the process's stdout and with the FIFO's open, which this
         # process makes itself, again until it lands (the thread may not wait in it yet); a
         # FIFO that cannot be opened any more (its directory removed under the run) leaves
@@ -205,7 +279,10 @@ class CheckerRun:
             while self._fifo is not None and thread.is_alive() and time.monotonic() < deadline:
                 _release_opener(self._fifo)
                 thread.join(0.001)
-            thread.join(max(0.0, deadline - time.monotonic()) if self._fifo is not None else None)
+            # The checks' reader ends with the process group, which no longer writes: a bound
+            # all the same, as the pipe's end is not this process's to force.
+            bounded = self._fifo is not None or thread.name == _CHECKS_READER
+            thread.join(max(0.0, deadline - time.monotonic()) if bounded else None)
         if process.stdout is not None:
             process.stdout.close()
         if self._fifo is not None:
@@ -263,6 +340,20 @@ def _read_said(stdout: IO[bytes], heard: queue.SimpleQueue[tuple[str, bytes]]) -
     heard.put(("said", b""))
 
 
+def _read_checked(fd: int, heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:
+    """The verdict of the checks before the inference, from the process's forked copy (b"" when
+    it ended without a word), read to the pipe's end; then the pipe is closed."""
+    said = bytearray()
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            said += chunk
+    except OSError:
+        said.clear()
+    finally:
+        os.close(fd)
+    heard.put(("checked", bytes(said)))
+
+
 def _wait_opened(fifo: Path, heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:
     """Block until the FIFO is opened to write (by onnx, once the inference has passed, or by
     `_release_opener`); the open is the news, not the bytes, so the reader closes at once."""
@@ -270,8 +361,8 @@ def _wait_opened(fifo: Path, heard: queue.SimpleQueue[tuple[str, bytes]]) -> Non
         fd = os.open(fifo, os.O_RDONLY)
     except OSError:
         return
+    heard.put(("opened", b""))  # before the close: onnx's write fails only after it
     os.close(fd)
-    heard.put(("opened", b""))
 
 
 def _release_opener(fifo: Path) -> None:

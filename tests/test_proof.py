@@ -5,6 +5,7 @@ before (`rewrite.rewrite_model`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,15 +49,18 @@ def _chain(path: Path, blocks: int = 3, broken: str = "") -> Path:
 
 
 @pytest.mark.parametrize("broken", ["", "types", "op"])
-@pytest.mark.parametrize("separate", ["fifo", "stdout", ""])
+@pytest.mark.parametrize("separate", ["fifo", "stdout", "no-fork", ""])
 def test_the_checker_says_what_it_says_in_this_process(
     tmp_path: Path, broken: str, separate: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a process of its own the verdict "passed" is the FIFO's open (onnx opens its output
     only once the inference passed: were it opened before, the inference failure of "types"
-    would pass here), or, with no FIFO, the process's "P"."""
+    would pass here), or, with no FIFO, the process's "P". The checks before the inference
+    ("op" fails them) run in that process's forked copy, or here where it cannot fork."""
     if separate == "stdout":
         monkeypatch.setattr(proof, "_make_fifo", lambda directory: None)
+    if separate == "no-fork":
+        monkeypatch.setattr(proof, "_OWN_GROUP", False)
     model = _chain(tmp_path / "m.onnx", broken=broken)
     here = checker_failure(model)
     assert (here is None) == (not broken), here
@@ -65,7 +69,8 @@ def test_the_checker_says_what_it_says_in_this_process(
         assert run.separate == bool(separate)
         process = run._process
         run.check(model)
-        assert (run._fifo is not None) == (separate == "fifo")
+        assert (run._fifo is not None) == (separate in ("fifo", "no-fork"))
+        assert (run._checks is not None) == (separate in ("fifo", "stdout"))
         assert run.result() == here
     # Reaped: stopped once it gave its verdict, or done already (reaped by a thread, it may
     # still be ending); the FIFO and its directory are gone.
@@ -105,6 +110,38 @@ def test_close_stops_a_checker_still_running_and_reaps_it(tmp_path: Path) -> Non
     run.close()
     assert process.returncode is not None  # reaped: killed, or done already
     assert not run.separate
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (from /proc)."""
+    return _live_processes(_STAT_PGRP, pgid)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
+def test_close_stops_the_forked_checks_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks run in a copy the checker's process forks: close leaves neither running
+    (they lead a process group of their own, killed as one). Here the checks never end."""
+    checks = "onnx.checker.check_model(path, full_check=False)"
+    assert checks in proof._INFERENCE_PROCESS
+    monkeypatch.setattr(proof, "_INFERENCE_PROCESS", proof._INFERENCE_PROCESS.replace(checks, "signal.pause()"))
+    model = _chain(tmp_path / "m.onnx")
+    run = CheckerRun(True)
+    process = run._process
+    assert process is not None
+    try:
+        run.check(model)
+        deadline = time.monotonic() + 60
+        while len(_group_members(process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert _group_members(process.pid), "the checker's process did not fork its checks"
+        run.close()
+        deadline = time.monotonic() + 10
+        while _group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _group_members(process.pid) == []
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def test_close_returns_when_the_fifo_went_with_its_directory(tmp_path: Path) -> None:
@@ -191,17 +228,26 @@ def test_the_report_filled_after_the_model_is_written_is_the_same(tmp_path: Path
     assert (later.casts_inserted, later.changed, later.by_op) == (report.casts_inserted, report.changed, report.by_op)
 
 
-def _children(pid: int) -> list[int]:
-    """The live processes whose parent is `pid` (from /proc)."""
+#: Fields of /proc/PID/stat after the command's closing parenthesis: state 0, parent 1, group 3.
+_STAT_PPID, _STAT_PGRP = 1, 3
+
+
+def _live_processes(field: int, value: int) -> list[int]:
+    """The processes (zombies left out) whose /proc/PID/stat `field` is `value`."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
+        if int(fields[field]) == value and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    return _live_processes(_STAT_PPID, pid)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
