@@ -53,9 +53,10 @@ _Checkable = ModelProto | str | os.PathLike[str]
 # The checker's process: it reads a model path on stdin (to its end; then a NUL and a FIFO's
 # path, where there is one) and runs the full checker on it: its strict shape inference here,
 # and, when its first argument names a file descriptor, its checks before the inference
-# (`check_model(full_check=False)`) in a forked copy, which writes its verdict to that
-# descriptor. Each verdict is "F", the exception's type name, a NUL and its text when it fails,
-# else "P"; each writer then closes its descriptor and ends. With a FIFO, the inference's output
+# (`check_model(full_check=False)`) in a forked copy, which writes a line with its process id,
+# then its verdict, to that descriptor (the copy is reaped as it ends: SIGCHLD is ignored here).
+# Each verdict is "F", the exception's type name, a NUL and its text when it fails, else "P";
+# each writer then closes its descriptor and ends. With a FIFO, the inference's output
 # file is the FIFO: onnx opens its output only once the inference has passed
 # (shape_inference/implementation.cc, InferShapes(model_path, save_path), read for the releases
 # of `_FIFO_ONNX`), so that open is the verdict "passed", which `CheckerRun` sees as it happens;
@@ -67,13 +68,14 @@ _Checkable = ModelProto | str | os.PathLike[str]
 _INFERENCE_PROCESS = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its forked copy is reaped as it ends: no zombie
 import onnx.checker, onnx.shape_inference
 checks = int(sys.argv[1]) if len(sys.argv) > 1 else -1
 verdict = os.dup(1)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 path, _, fifo = os.fsdecode(sys.stdin.buffer.read()).partition("\\0")
 
-def run(check, out):
+def run(check, out, copy=0):
     try:
         check()
         said = "P"
@@ -84,16 +86,24 @@ def run(check, out):
     except OSError:
         pass  # the verdict came another way and its reader is gone
     os.close(out)  # its reader sees the end now, not once this process's memory is unmapped
+    if copy:  # the copy ends first: an orphan's zombie waits for an init that may not reap it
+        try:
+            os.waitpid(copy, 0)
+        except ChildProcessError:
+            pass  # reaped as it ended
     os._exit(0)  # the verdict is out: no interpreter teardown to wait for
 
+copy = 0
 if path:
     if checks >= 0:
-        if os.fork() == 0:
+        copy = os.fork()
+        if copy == 0:
             os.close(verdict)
+            os.write(checks, b"%d\\n" % os.getpid())
             run(lambda: onnx.checker.check_model(path, full_check=False), checks)
         os.close(checks)
     run(lambda: onnx.shape_inference.infer_shapes_path(path, fifo or os.devnull, check_type=True, strict_mode=True),
-        verdict)
+        verdict, copy)
 """
 
 
@@ -151,6 +161,8 @@ class CheckerRun:
         # The read end of the pipe the checks' verdict comes on (None: the checks run here);
         # its reader closes it.
         self._checks: int | None = None
+        self._copy: int | None = None  # the forked copy's process id, once it said it
+        self._copy_done = False  # the copy closed its end of the pipe
         # What the process says (its stdout, read by a thread), the checks' verdict and the
         # FIFO's open, in the order they happen: ("said", bytes), ("checked", bytes) or
         # ("opened", b"").
@@ -198,7 +210,7 @@ class CheckerRun:
         said = os.fsencode(self._path) + (b"\0" + os.fsencode(self._fifo) if self._fifo is not None else b"")
         self._listen(_read_said, process.stdout)
         if self._checks is not None:
-            self._listen(_read_checked, self._checks, _CHECKS_READER)
+            self._listen(self._read_checked, self._checks, _CHECKS_READER)
         if self._fifo is not None:
             self._listen(_wait_opened, self._fifo)
         try:
@@ -214,6 +226,40 @@ class CheckerRun:
         thread = threading.Thread(target=target, args=(source, self._heard), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _read_checked(self, fd: int, heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:
+        """The forked copy's process id, then the verdict of the checks before the inference
+        (b"" when it ended without a word), read to the pipe's end; then the pipe is closed."""
+        said = bytearray()
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                said += chunk
+                if self._copy is None and b"\n" in said:
+                    line, _, rest = bytes(said).partition(b"\n")
+                    self._copy, said = int(line), bytearray(rest)
+        except (OSError, ValueError):
+            said.clear()
+        finally:
+            os.close(fd)
+            self._copy_done = True
+        heard.put(("checked", bytes(said)))
+
+    def _stop_copy(self) -> None:
+        """Stop the forked copy and wait (a bounded time) until its parent has reaped it, so
+        that stopping its parent next leaves no zombie for an init that may not reap it."""
+        copy = self._copy
+        if copy is None:
+            return
+        if not self._copy_done:  # still running: its number is its own
+            with contextlib.suppress(OSError):
+                os.kill(copy, signal.SIGKILL)
+        deadline = time.monotonic() + _RELEASE_S
+        while time.monotonic() < deadline:
+            try:
+                os.kill(copy, 0)
+            except OSError:  # gone (reaped), or the number is not its own any more
+                return
+            time.sleep(0.0005)
 
     def result(self) -> str | None:
         """What `checker_failure(path)` says: the checker's first line, or None when it passes.
@@ -269,6 +315,7 @@ class CheckerRun:
             return
         if process.stdin is not None:
             process.stdin.close()
+        self._stop_copy()
         _kill(process)  # after the FIFO's open, it serializes and frees the inferred model
         # The threads end with the process's stdout and with the FIFO's open, which this
         # process makes itself, again until it lands (the thread may not wait in it yet); a
@@ -338,20 +385,6 @@ def _read_said(stdout: IO[bytes], heard: queue.SimpleQueue[tuple[str, bytes]]) -
         heard.put(("said", stdout.read()))
         return
     heard.put(("said", b""))
-
-
-def _read_checked(fd: int, heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:
-    """The verdict of the checks before the inference, from the process's forked copy (b"" when
-    it ended without a word), read to the pipe's end; then the pipe is closed."""
-    said = bytearray()
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            said += chunk
-    except OSError:
-        said.clear()
-    finally:
-        os.close(fd)
-    heard.put(("checked", bytes(said)))
 
 
 def _wait_opened(fifo: Path, heard: queue.SimpleQueue[tuple[str, bytes]]) -> None:

@@ -77,6 +77,8 @@ def test_the_checker_says_what_it_says_in_this_process(
     if process is not None:
         _wait_reaped(process)
         assert process.returncode in (0, -signal.SIGKILL)
+        if Path("/proc/self/stat").exists():
+            _wait_group_gone(process.pid)  # its forked copy too
     assert list(tmp_path.iterdir()) == [model]
 
 
@@ -112,9 +114,18 @@ def test_close_stops_a_checker_still_running_and_reaps_it(tmp_path: Path) -> Non
     assert not run.separate
 
 
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of process group `pgid` (from /proc)."""
-    return _live_processes(_STAT_PGRP, pgid)
+def _group_members(pgid: int, zombies: bool = False) -> list[int]:
+    """The processes of process group `pgid` (from /proc), zombies left out unless `zombies`."""
+    return _live_processes(_STAT_PGRP, pgid, zombies)
+
+
+def _wait_group_gone(pgid: int, timeout: float = 10) -> None:
+    """Until no process of group `pgid` is left, zombies included: a zombie whose parent died
+    waits for an init that may never reap it (a container's first process often does not)."""
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid, zombies=True) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _group_members(pgid, zombies=True) == []
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
@@ -135,13 +146,35 @@ def test_close_stops_the_forked_checks_too(tmp_path: Path, monkeypatch: pytest.M
             time.sleep(0.002)
         assert _group_members(process.pid), "the checker's process did not fork its checks"
         run.close()
-        deadline = time.monotonic() + 10
-        while _group_members(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _group_members(process.pid) == []
+        _wait_group_gone(process.pid)
     finally:
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
+def test_checks_that_outlast_the_inference_leave_no_zombie(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker's process waits for its forked copy before it ends: were it to end first,
+    the copy would end as an orphan, a zombie until an init reaps it (a container's first
+    process may never). Here the checks take a second longer than the inference."""
+    checks = "onnx.checker.check_model(path, full_check=False)"
+    slow = f"(__import__('time').sleep(1.0), {checks})"
+    monkeypatch.setattr(proof, "_INFERENCE_PROCESS", proof._INFERENCE_PROCESS.replace(checks, slow))
+    model = _chain(tmp_path / "m.onnx", broken="types")
+    with CheckerRun(True) as run:
+        process = run._process
+        assert process is not None
+        run.check(model)
+        deadline = time.monotonic() + 30
+        while run._copy is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert run._copy is not None, "the copy did not say its process id"
+        time.sleep(0.5)  # the inference has failed by now; the copy sleeps on
+        assert process.poll() is None, "the checker's process ended before its copy"
+        assert _live_processes(_STAT_PPID, process.pid) == [run._copy]
+        assert run.result() == checker_failure(model)
+    _wait_reaped(process)
+    assert _group_members(process.pid, zombies=True) == []
 
 
 def test_close_returns_when_the_fifo_went_with_its_directory(tmp_path: Path) -> None:
@@ -232,15 +265,15 @@ def test_the_report_filled_after_the_model_is_written_is_the_same(tmp_path: Path
 _STAT_PPID, _STAT_PGRP = 1, 3
 
 
-def _live_processes(field: int, value: int) -> list[int]:
-    """The processes (zombies left out) whose /proc/PID/stat `field` is `value`."""
+def _live_processes(field: int, value: int, zombies: bool = False) -> list[int]:
+    """The processes (zombies left out unless `zombies`) whose /proc/PID/stat `field` is `value`."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[field]) == value and fields[0] != "Z":
+        if int(fields[field]) == value and (zombies or fields[0] != "Z"):
             found.append(int(stat.parent.name))
     return found
 
