@@ -293,16 +293,15 @@ class CheckerRun:
             elif inferred is None:
                 inferred = b"P" if what == "opened" else said
         assert checked is not None
-        self._verdict = checked.startswith(b"F") or (
-            checked.startswith(b"P") and inferred is not None and inferred[:1] in (b"P", b"F")
-        )
+        # What decides: the checks unless they passed, else the inference (b"": no word).
+        decisive = inferred if checked.startswith(b"P") else checked
+        self._verdict = decisive is not None and decisive[:1] in (b"P", b"F")
         self.close()
-        if not self._verdict:
+        if decisive is None or not self._verdict:
             logger.debug("the checker's process ended without a verdict: checking in this process")
             return checker_failure(self._path)
-        said = checked if checked.startswith(b"F") else inferred or b"P"
-        if said.startswith(b"F"):
-            type_name, _, text = said[1:].decode("utf-8", "replace").partition("\0")
+        if decisive.startswith(b"F"):
+            type_name, _, text = decisive[1:].decode("utf-8", "replace").partition("\0")
             return message_first_line(type_name, text, _LIMIT)
         return None
 

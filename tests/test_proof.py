@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -128,13 +129,18 @@ def _wait_group_gone(pgid: int, timeout: float = 10) -> None:
     assert _group_members(pgid, zombies=True) == []
 
 
+def _replace_checks(monkeypatch: pytest.MonkeyPatch, code: Callable[[str], str]) -> None:
+    """The checker's process with its forked copy running `code(the checks' call)` instead."""
+    checks = "onnx.checker.check_model(path, full_check=False)"
+    assert checks in proof._INFERENCE_PROCESS
+    monkeypatch.setattr(proof, "_INFERENCE_PROCESS", proof._INFERENCE_PROCESS.replace(checks, code(checks)))
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
 def test_close_stops_the_forked_checks_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks run in a copy the checker's process forks: close leaves neither running
     (they lead a process group of their own, killed as one). Here the checks never end."""
-    checks = "onnx.checker.check_model(path, full_check=False)"
-    assert checks in proof._INFERENCE_PROCESS
-    monkeypatch.setattr(proof, "_INFERENCE_PROCESS", proof._INFERENCE_PROCESS.replace(checks, "signal.pause()"))
+    _replace_checks(monkeypatch, lambda checks: "signal.pause()")
     model = _chain(tmp_path / "m.onnx")
     run = CheckerRun(True)
     process = run._process
@@ -157,9 +163,7 @@ def test_checks_that_outlast_the_inference_leave_no_zombie(tmp_path: Path, monke
     """The checker's process waits for its forked copy before it ends: were it to end first,
     the copy would end as an orphan, a zombie until an init reaps it (a container's first
     process may never). Here the checks take a second longer than the inference."""
-    checks = "onnx.checker.check_model(path, full_check=False)"
-    slow = f"(__import__('time').sleep(1.0), {checks})"
-    monkeypatch.setattr(proof, "_INFERENCE_PROCESS", proof._INFERENCE_PROCESS.replace(checks, slow))
+    _replace_checks(monkeypatch, lambda checks: f"(__import__('time').sleep(1.0), {checks})")
     model = _chain(tmp_path / "m.onnx", broken="types")
     with CheckerRun(True) as run:
         process = run._process
