@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -181,6 +182,22 @@ def test_checks_that_outlast_the_inference_leave_no_zombie(tmp_path: Path, monke
     assert _group_members(process.pid, zombies=True) == []
 
 
+def _wait_in_fifo_open(thread: threading.Thread, limit_s: float = 10.0) -> None:
+    """Return once `thread` sleeps in a FIFO's open, as its /proc entry's wait channel says."""
+    wchan = Path(f"/proc/self/task/{thread.native_id}/wchan")
+    if not wchan.exists():
+        pytest.skip("no /proc/self/task/*/wchan here: where a thread waits cannot be seen")
+    deadline = time.monotonic() + limit_s
+    while (seen := wchan.read_text().strip()) != "wait_for_partner":
+        assert thread.is_alive(), "the thread ended before it waited in the FIFO's open"
+        if time.monotonic() > deadline:
+            # A kernel that hides wait channels reads "0" for a sleeping thread too.
+            if seen in ("", "0"):
+                pytest.skip("this kernel does not name wait channels (/proc/*/wchan reads 0)")
+            raise AssertionError(f"the thread never waited in the FIFO's open (it waits in {seen})")
+        time.sleep(0.001)
+
+
 def test_close_returns_when_the_fifo_went_with_its_directory(tmp_path: Path) -> None:
     """A FIFO removed under the run (its directory deleted) cannot be opened to end the wait
     in its open: close gives up after a bounded time instead of hanging."""
@@ -195,6 +212,9 @@ def test_close_returns_when_the_fifo_went_with_its_directory(tmp_path: Path) -> 
     assert fifo is not None
     run._listen(proof._read_said, run._process.stdout)
     run._listen(proof._wait_opened, fifo)
+    # The directory goes only once the thread waits in the FIFO's open: removed before, the
+    # open fails at once and the thread ends, which is not the case this test is about.
+    _wait_in_fifo_open(run._threads[1])
     shutil.rmtree(fifo.parent)
     started = time.monotonic()
     run.close()
