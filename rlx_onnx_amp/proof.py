@@ -54,7 +54,8 @@ _Checkable = ModelProto | str | os.PathLike[str]
 # path, where there is one) and runs the full checker on it: its strict shape inference here,
 # and, when its first argument names a file descriptor, its checks before the inference
 # (`check_model(full_check=False)`) in a forked copy, which writes a line with its process id,
-# then its verdict, to that descriptor (the copy is reaped as it ends: SIGCHLD is ignored here).
+# then its verdict, to that descriptor (the copy is reaped as it ends: SIGCHLD is ignored here;
+# it runs at nice 5).
 # Each verdict is "F", the exception's type name, a NUL and its text when it fails, else "P";
 # each writer then closes its descriptor and ends. With a FIFO, the inference's output
 # file is the FIFO: onnx opens its output only once the inference has passed
@@ -98,6 +99,9 @@ if path:
     if checks >= 0:
         copy = os.fork()
         if copy == 0:
+            # The checks yield a little to the inference, whose verdict comes last, and to the
+            # caller filling its report beside them: on two CPUs the three would share them.
+            os.nice(5)
             os.close(verdict)
             os.write(checks, b"%d\\n" % os.getpid())
             run(lambda: onnx.checker.check_model(path, full_check=False), checks)

@@ -140,7 +140,8 @@ def _replace_checks(monkeypatch: pytest.MonkeyPatch, code: Callable[[str], str])
 @pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
 def test_close_stops_the_forked_checks_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks run in a copy the checker's process forks: close leaves neither running
-    (they lead a process group of their own, killed as one). Here the checks never end."""
+    (they lead a process group of their own, killed as one), and it runs at a lower priority.
+    Here the checks never end."""
     _replace_checks(monkeypatch, lambda checks: "signal.pause()")
     model = _chain(tmp_path / "m.onnx")
     run = CheckerRun(True)
@@ -152,6 +153,11 @@ def test_close_stops_the_forked_checks_too(tmp_path: Path, monkeypatch: pytest.M
         while len(_group_members(process.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.002)
         assert _group_members(process.pid), "the checker's process did not fork its checks"
+        while run._copy is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert run._copy is not None, "the copy did not say its process id"
+        # The checks yield to the inference: the copy runs 5 nice levels below its process.
+        assert os.getpriority(os.PRIO_PROCESS, run._copy) == os.getpriority(os.PRIO_PROCESS, process.pid) + 5
         run.close()
         _wait_group_gone(process.pid)
     finally:
