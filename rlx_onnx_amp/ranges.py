@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +31,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.tensors import WeightSource, is_external
-from rlx_onnx_amp.types import NodeFields, names_read, scoped_graphs, subgraphs
+from rlx_onnx_amp.types import NodeFields, ReadAttribute, names_read, scoped_graphs, subgraphs
 
 __all__ = [
     "INTEGER_ACCUMULATORS",
@@ -126,10 +126,21 @@ def scoped_name(scope: str, name: str) -> str:
 _TENSOR = onnx.AttributeProto.TENSOR
 
 
-def _source_tensor(node: NodeProto) -> TensorProto | float | None:
+def _source_tensor(
+    node: NodeProto, op: str | None = None, attributes: Sequence[ReadAttribute] | None = None
+) -> TensorProto | float | None:
     """A Constant-like node's value: its tensor attribute, or its `value_float`; None for
-    any other form (`value_floats` is read by `NumericFacts._max_of`)."""
-    attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
+    any other form (`value_floats` is read by `NumericFacts._max_of`). `op`, `attributes`: the
+    node's op type and attributes, already read (`types.NodeFields`)."""
+    attr_name = SOURCE_VALUE_ATTRIBUTES[op or node.op_type]
+    if attributes is not None:
+        for name, _, tensor in attributes:
+            if name == attr_name and tensor is not None:
+                return tensor
+            if name == "value_float":
+                break  # a float, which the read leaves in the node
+        else:
+            return None
     for attr in node.attribute:
         name = attr.name  # each read of a field makes a Python object: once
         if name == attr_name:
@@ -148,6 +159,7 @@ class NumericFacts:
         """`fields`: the main graph's nodes already read (`types.NodeFields`), to read them once."""
         self.model = model
         self.source = source
+        self._fields = fields
         self._graphs = scoped_graphs(model.graph, fields)
         self._weights: dict[str, TensorProto | NodeProto] | None = None
         self._weight_max: dict[str, float] | None = None  # key -> largest finite magnitude, once read
@@ -158,7 +170,10 @@ class NumericFacts:
         # One walk over every graph: the Constant-like weights, and whether integer accumulators
         # (rule dequantize-arithmetic) are there at all.
         accumulators = {op for _, op in INTEGER_ACCUMULATORS}
-        self._sources: list[tuple[str, NodeProto]] = []
+        # (path, node, its output) of each Constant-like node, and the main graph's ones'
+        # indices in `fields` by key, whose attributes `fields` reads once.
+        self._sources: list[tuple[str, NodeProto, str]] = []
+        self._source_index: dict[str, int] = {}
         self.has_accumulators = False
         scales: list[str] = []
         wanted = frozenset(SOURCE_VALUE_ATTRIBUTES) | accumulators | frozenset(RUNTIME_SCALES)
@@ -170,8 +185,11 @@ class NumericFacts:
                 node, op = nodes[i], ops[i]
                 domain = read.domains[i] if read is not None else node.domain
                 if op in SOURCE_VALUE_ATTRIBUTES and domain in DEFAULT_DOMAINS:
-                    if read.outputs[i] if read is not None else node.output:
-                        self._sources.append((path, node))
+                    outs = read.outputs[i] if read is not None else node.output
+                    if outs:
+                        self._sources.append((path, node, outs[0]))
+                        if read is not None:
+                            self._source_index[scoped_name(path, outs[0])] = i
                 elif op in accumulators:
                     self.has_accumulators = True
                 elif op in RUNTIME_SCALES and domain in DEFAULT_DOMAINS:
@@ -192,8 +210,8 @@ class NumericFacts:
                     if init.data_type == _F32:
                         key = scoped_name(path, init.name)
                         table[key], self._scope_of[key] = init, path
-            for path, node in self._sources:
-                key = scoped_name(path, node.output[0])
+            for path, node, out in self._sources:
+                key = scoped_name(path, out)
                 table[key], self._scope_of[key] = node, path
             self._weights = table
         return self._weights
@@ -218,7 +236,7 @@ class NumericFacts:
         small: list[tuple[str, bytes]] = []
         for key, holder in table.items():
             found: float | None
-            tensor = holder if isinstance(holder, TensorProto) else _source_tensor(holder)
+            tensor = holder if isinstance(holder, TensorProto) else self._source_value(key, holder)
             if isinstance(tensor, TensorProto):
                 if tensor.data_type != _F32:
                     continue
@@ -240,6 +258,14 @@ class NumericFacts:
             starts = np.cumsum([0] + [len(raw) // 4 for _, raw in small[:-1]])
             found_max.update(zip([key for key, _ in small], np.maximum.reduceat(values, starts).tolist()))
         return found_max
+
+    def _source_value(self, key: str, node: NodeProto) -> TensorProto | float | None:
+        """`_source_tensor` of Constant-like weight `key`, from the attributes `fields` read
+        where it is in the main graph."""
+        i = self._source_index.get(key)
+        if i is None or self._fields is None:
+            return _source_tensor(node)
+        return _source_tensor(node, self._fields.ops[i], self._fields.attributes(i))
 
     def _max_of(self, holder: TensorProto | NodeProto) -> float | None:
         if isinstance(holder, TensorProto):

@@ -158,8 +158,18 @@ def all_graphs(graph: GraphProto) -> list[GraphProto]:
 
 def all_tensors(model: ModelProto, fields: NodeFields | None = None) -> Iterator[TensorProto]:
     """Every initializer and tensor attribute (Constant values) of a model, bodies included.
-    `fields`: the main graph's nodes already read (`NodeFields`)."""
-    for graph, holders in _graphs_and_tensor_holders(model.graph, fields):
+    `fields`: the main graph's nodes already read (`NodeFields`), whose attributes are then
+    read once for the passes too (`NodeFields.attributes`)."""
+    if fields is None:
+        graphs = _graphs_and_tensor_holders(model.graph)
+    else:
+        indices = _holder_indices(fields)
+        yield from model.graph.initializer
+        for i in indices:
+            yield from (t for _, _, t in fields.attributes(i) if t is not None)
+        bodies = _bodies_of([fields.nodes[i] for i in indices])
+        graphs = [found for body in bodies for found in _graphs_and_tensor_holders(body)]
+    for graph, holders in graphs:
         yield from graph.initializer
         for node in holders:
             for attr in node.attribute:
@@ -167,36 +177,42 @@ def all_tensors(model: ModelProto, fields: NodeFields | None = None) -> Iterator
                     yield attr.t
 
 
-def _graphs_and_tensor_holders(
-    graph: GraphProto, fields: NodeFields | None = None
-) -> list[tuple[GraphProto, list[onnx.NodeProto]]]:
+def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list[onnx.NodeProto]]]:
     """Each graph (outer first) with its nodes that may hold tensor attributes, in one read of
-    each node's op type (and domain where the op type alone cannot tell); `fields`: the
-    graph's nodes already read."""
-    holders: list[onnx.NodeProto] = []
-    nested: list[GraphProto] = []
-    if fields is not None:
-        rows: Iterable[tuple[onnx.NodeProto, str, str | None]] = zip(fields.nodes, fields.ops, fields.domains)
-        if DEFAULT_DOMAINS.issuperset(fields.domains):  # most graphs: only the holders' names matter
-            ops, nodes = fields.ops, fields.nodes
-            rows = [(nodes[i], op, "") for i, op in enumerate(ops) if op in _ATTRIBUTE_HOLDER_NAMES]
-    else:
-        rows = ((node, node.op_type, None) for node in graph.node)
-    for node, op, domain in rows:
-        if op in _ATTRIBUTE_HOLDER_NAMES:
-            holders.append(node)
-            if op in GRAPH_OPS or (node.domain if domain is None else domain) not in DEFAULT_DOMAINS:
-                nested.extend(sub for _, sub in subgraphs(node))
-            continue
-        domain = node.domain if domain is None else domain
-        if domain in DEFAULT_DOMAINS or (domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS):
-            continue  # an op of onnx's domains without tensor or graph attributes
-        holders.append(node)
-        nested.extend(sub for _, sub in subgraphs(node))
+    each node's op type (and domain where the op type alone cannot tell)."""
+    holders = [node for node in graph.node if _may_hold_tensors(node.op_type, node)]
     found = [(graph, holders)]
-    for sub in nested:
-        found.extend(_graphs_and_tensor_holders(sub))
+    for body in _bodies_of(holders):
+        found.extend(_graphs_and_tensor_holders(body))
     return found
+
+
+def _bodies_of(holders: list[onnx.NodeProto]) -> list[GraphProto]:
+    """The graphs the `holders` hold: of the default domain's ops only GRAPH_OPS hold any."""
+    return [
+        body
+        for node in holders
+        if node.op_type in GRAPH_OPS or node.domain not in DEFAULT_DOMAINS
+        for _, body in subgraphs(node)
+    ]
+
+
+def _may_hold_tensors(op: str, node: onnx.NodeProto, domain: str | None = None) -> bool:
+    """Whether a node may hold tensor or graph attributes: an op of that name does in some
+    onnx domain, or its domain is not one of onnx's (`domain`: the node's, if already read)."""
+    if op in _ATTRIBUTE_HOLDER_NAMES:
+        return True
+    domain = node.domain if domain is None else domain
+    return not (domain in DEFAULT_DOMAINS or (domain in _SCHEMA_DOMAINS and (domain, op) not in _TENSOR_OPS))
+
+
+def _holder_indices(fields: NodeFields) -> list[int]:
+    """The indices of the nodes of `fields` that may hold tensor or graph attributes
+    (`_may_hold_tensors`): by op name alone where every node is of onnx's default domains."""
+    ops, nodes, domains = fields.ops, fields.nodes, fields.domains
+    if DEFAULT_DOMAINS.issuperset(domains):  # most graphs: only the holders' names matter
+        return [i for i, op in enumerate(ops) if op in _ATTRIBUTE_HOLDER_NAMES]
+    return [i for i, op in enumerate(ops) if _may_hold_tensors(op, nodes[i], domains[i])]
 
 
 def structure_copy(model: ModelProto) -> ModelProto:
@@ -222,6 +238,19 @@ def structure_copy(model: ModelProto) -> ModelProto:
     return stub
 
 
+#: An attribute as `read_attributes` gives it: its name, its type, its tensor (TENSOR only, else None).
+ReadAttribute = tuple[str, int, TensorProto | None]
+
+
+def read_attributes(node: onnx.NodeProto) -> tuple[ReadAttribute, ...]:
+    """A node's attributes as (name, type, the tensor of a TENSOR attribute else None)."""
+    read = []
+    for a in node.attribute:
+        kind = a.type
+        read.append((a.name, kind, a.t if kind == AttributeProto.TENSOR else None))
+    return tuple(read)
+
+
 class NodeFields(NamedTuple):
     """Each node's op type, domain, inputs, outputs and name, read once from a graph's protobuf,
     with the node itself: the reads are the slow part of a sweep (a 200,000-node graph's
@@ -237,6 +266,18 @@ class NodeFields(NamedTuple):
     #: The indices of the nodes that may hold graphs (`subgraphs` reads their attributes): of
     #: the default domain's ops only GRAPH_OPS do, any other domain's op may.
     holders: list[int]
+    #: Node index -> its attributes, once read (`attributes`).
+    attribute_cache: dict[int, tuple[ReadAttribute, ...]]
+
+    def attributes(self, i: int) -> tuple[ReadAttribute, ...]:
+        """Node i's attributes as (name, type, the tensor of a TENSOR attribute else None), read
+        from the protobuf once: the load, the weights' facts and the typing all read the
+        Constants' values (on a graph of many small Constants, each read costs as much as
+        the rest of a Constant's typing)."""
+        found = self.attribute_cache.get(i)
+        if found is None:
+            found = self.attribute_cache[i] = read_attributes(self.nodes[i])
+        return found
 
     @classmethod
     def read(cls, graph: GraphProto) -> NodeFields:
@@ -259,7 +300,7 @@ class NodeFields(NamedTuple):
             holders = []
         else:
             holders = [i for i, op in enumerate(ops) if op in GRAPH_OPS or domains[i] not in DEFAULT_DOMAINS]
-        return cls(ops, domains, inputs, outputs, names, nodes, holders)
+        return cls(ops, domains, inputs, outputs, names, nodes, holders, {})
 
 
 def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), fields: NodeFields | None = None) -> int:
@@ -403,17 +444,25 @@ def tensor_elem_type(type_str: str | None) -> int | None:
     return None
 
 
-def constant_type(node: onnx.NodeProto) -> int | None:
-    """The element type of a Constant's or ConstantOfShape's value (a float 0 when it has none)."""
-    for a in node.attribute:
-        if a.name == "value" and a.type == AttributeProto.TENSOR:
-            return a.t.data_type
-        if a.name in ("value_float", "value_floats"):
-            return TensorProto.FLOAT
-        if a.name in ("value_int", "value_ints"):
-            return TensorProto.INT64
-        if a.name in ("value_string", "value_strings"):
-            return TensorProto.STRING
+#: The element type each of a Constant's value attributes gives (`value` is its tensor's).
+_CONSTANT_VALUE_TYPES = {
+    "value_float": TensorProto.FLOAT,
+    "value_floats": TensorProto.FLOAT,
+    "value_int": TensorProto.INT64,
+    "value_ints": TensorProto.INT64,
+    "value_string": TensorProto.STRING,
+    "value_strings": TensorProto.STRING,
+}
+
+
+def constant_type(node: onnx.NodeProto, attributes: Sequence[ReadAttribute] | None = None) -> int | None:
+    """The element type of a Constant's or ConstantOfShape's value (a float 0 when it has none);
+    `attributes`: the node's, already read (`read_attributes`)."""
+    for name, _, tensor in attributes if attributes is not None else read_attributes(node):
+        if name == "value" and tensor is not None:
+            return tensor.data_type
+        if name in _CONSTANT_VALUE_TYPES:
+            return _CONSTANT_VALUE_TYPES[name]
     return TensorProto.FLOAT if node.op_type == "ConstantOfShape" else None
 
 
@@ -421,11 +470,13 @@ def constant_type(node: onnx.NodeProto) -> int | None:
 ATTRIBUTE_TYPED_OUTPUTS = frozenset(SOURCE_VALUE_ATTRIBUTES) | frozenset(OUTPUT_TYPE_ATTRIBUTE)
 
 
-def attribute_output_type(node: onnx.NodeProto, op: str) -> int | None:
+def attribute_output_type(
+    node: onnx.NodeProto, op: str, attributes: Sequence[ReadAttribute] | None = None
+) -> int | None:
     """The type an attribute gives the first output of a node of `ATTRIBUTE_TYPED_OUTPUTS`;
-    None when it gives none (a Cast without `to`)."""
+    None when it gives none (a Cast without `to`). `attributes`: a Constant's, already read."""
     if op in SOURCE_VALUE_ATTRIBUTES:
-        return constant_type(node)
+        return constant_type(node, attributes)
     name = OUTPUT_TYPE_ATTRIBUTE[op]
     return next((a.i for a in node.attribute if a.name == name), None) or None
 

@@ -126,3 +126,37 @@ def test_fresh_names_take_only_names_that_could_collide() -> None:
     assert fresh("a__fp16") == "a__fp16_1"
     with pytest.raises(ValueError, match="holds '__'"):
         fresh("plain")
+
+
+def test_attributes_read_once_give_what_the_node_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load reads the main graph's tensor holders' attributes once (`NodeFields.attributes`)
+    and the typing and the weights' facts use that read: on every fixture and onnx case, the
+    tensors, Constant types and Constant values are those read from the nodes themselves, and
+    no holder's attributes are read twice."""
+    from rlx_onnx_amp import types
+    from rlx_onnx_amp.ranges import _source_tensor
+    from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
+
+    reads: list[int] = []
+    real = types.read_attributes
+    monkeypatch.setattr(types, "read_attributes", lambda node: (reads.append(id(node)), real(node))[1])
+    checked = 0
+    for name, model in _models().items():
+        fields = types.NodeFields.read(model.graph)
+        cached = [t.SerializeToString() for t in types.all_tensors(model, fields)]
+        assert cached == [t.SerializeToString() for t in types.all_tensors(model)], name
+        reads.clear()
+        for i, (node, op) in enumerate(zip(fields.nodes, fields.ops)):
+            if op not in SOURCE_VALUE_ATTRIBUTES or node.domain:
+                continue
+            attributes = fields.attributes(i)
+            assert types.constant_type(node, attributes) == types.constant_type(node), (name, i)
+            value, direct = _source_tensor(node, op, attributes), _source_tensor(node)
+            if isinstance(direct, onnx.TensorProto):
+                assert isinstance(value, onnx.TensorProto) and value.SerializeToString() == direct.SerializeToString()
+            else:
+                assert value == direct, (name, i)
+            checked += 1
+        # The load read them; only the direct reads above read them again.
+        assert len(reads) == len(set(reads)), name
+    assert checked > 50

@@ -126,6 +126,8 @@ class DecidePass(Pass[Plan]):
         no_bodies: list[Scope] = []
         holders = set(fields.holders)  # the nodes that may hold bodies; most graphs have none
         node_rules = self.node_rules
+        # The main graph's Constants' attributes, as the load read them (`NodeFields.attributes`).
+        attributes = fields.attributes if scope.parent is None else None
         rows = zip(fields.nodes, fields.ops, fields.domains, fields.inputs, fields.outputs, fields.names)
         for i, (node, op, domain, ins, outs, name) in enumerate(rows):
             path = f"{prefix}{i}"
@@ -137,7 +139,9 @@ class DecidePass(Pass[Plan]):
             )
             # An attribute that types the output is part of the template key.
             attr_type = (
-                attribute_output_type(node, op) if op in ATTRIBUTE_TYPED_OUTPUTS and domain in DEFAULT_DOMAINS else None
+                attribute_output_type(node, op, attributes(i) if attributes else None)
+                if op in ATTRIBUTE_TYPED_OUTPUTS and domain in DEFAULT_DOMAINS
+                else None
             )
             key = (domain, op, key_types, attr_type, len(outs)) if templated and not children else None
             template = get_template(key) if key is not None else None
