@@ -205,10 +205,16 @@ class NumericFacts:
         """Float weights by key: initializers and Constant-like nodes, bodies included."""
         if self._weights is None:
             table: dict[str, TensorProto | NodeProto] = {}
+            fields = self._fields
+            weights: Iterable[tuple[TensorProto, str, int]]
             for path, graph in self._graphs:
-                for init in graph.initializer:
-                    if init.data_type == _F32:
-                        key = scoped_name(path, init.name)
+                if not path and fields is not None:  # the main graph's, read once
+                    weights = zip(fields.initializers, fields.initializer_names, fields.initializer_types)
+                else:
+                    weights = ((init, init.name, init.data_type) for init in graph.initializer)
+                for init, name, elem in weights:
+                    if elem == _F32:
+                        key = scoped_name(path, name)
                         table[key], self._scope_of[key] = init, path
             for path, node, out in self._sources:
                 key = scoped_name(path, out)

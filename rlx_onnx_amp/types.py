@@ -268,6 +268,11 @@ class NodeFields(NamedTuple):
     holders: list[int]
     #: Node index -> its attributes, once read (`attributes`).
     attribute_cache: dict[int, tuple[ReadAttribute, ...]]
+    #: The graph's initializers, with each one's name and element type: the passes read them
+    #: half a dozen times before the emit pass changes any.
+    initializers: list[TensorProto]
+    initializer_names: list[str]
+    initializer_types: list[int]
 
     def attributes(self, i: int) -> tuple[ReadAttribute, ...]:
         """Node i's attributes as (name, type, the tensor of a TENSOR attribute else None), read
@@ -300,7 +305,12 @@ class NodeFields(NamedTuple):
             holders = []
         else:
             holders = [i for i, op in enumerate(ops) if op in GRAPH_OPS or domains[i] not in DEFAULT_DOMAINS]
-        return cls(ops, domains, inputs, outputs, names, nodes, holders, {})
+        initializers = list(graph.initializer)
+        weights = [(t.name, t.data_type) for t in initializers]
+        return cls(
+            ops, domains, inputs, outputs, names, nodes, holders, {}, initializers,
+            [name for name, _ in weights], [elem for _, elem in weights],
+        )
 
 
 def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), fields: NodeFields | None = None) -> int:
@@ -312,8 +322,8 @@ def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), f
     cycle, an undefined name) is left as it is, for the checker to name. onnx itself has no
     sort over a GraphProto (onnx-ir sorts its own IR, which a round trip would re-serialize).
     `fields`: the graph's nodes already read (`NodeFields`)."""
-    defined = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     read = fields if fields is not None else NodeFields.read(graph)
+    defined = set(outer) | {i.name for i in graph.input} | set(read.initializer_names) | {""}
     nodes = read.nodes
     reordered = 0
     known = set(defined)
@@ -498,10 +508,14 @@ def schema_output_types(sig: OpSignature, in_types: Sequence[int | None], n_outp
     return elems
 
 
-def declared_types(graph: GraphProto) -> dict[str, int] | None:
+def declared_types(graph: GraphProto, fields: NodeFields | None = None) -> dict[str, int] | None:
     """The element types a graph declares (initializers, inputs, value_info, outputs), or None
-    when it declares a sequence, optional or map (those need onnx's inference)."""
-    types = {init.name: init.data_type for init in graph.initializer}
+    when it declares a sequence, optional or map (those need onnx's inference). `fields`: the
+    graph's, already read (`NodeFields`)."""
+    if fields is not None:
+        types = dict(zip(fields.initializer_names, fields.initializer_types))
+    else:
+        types = {init.name: init.data_type for init in graph.initializer}
     for vi in (*graph.input, *graph.value_info, *graph.output):
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type":

@@ -75,7 +75,7 @@ def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.
         report = ConversionReport()
         fast[name] = (convert(model, "always-f16", report=report).SerializeToString(), report.to_json())
     fell_back = len(inferred)
-    monkeypatch.setattr(converter, "declared_types", lambda graph: None)
+    monkeypatch.setattr(converter, "declared_types", lambda graph, fields=None: None)
     differ = []
     for name, model in models.items():
         report = ConversionReport()
@@ -129,10 +129,11 @@ def test_fresh_names_take_only_names_that_could_collide() -> None:
 
 
 def test_attributes_read_once_give_what_the_node_gives(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The load reads the main graph's tensor holders' attributes once (`NodeFields.attributes`)
-    and the typing and the weights' facts use that read: on every fixture and onnx case, the
-    tensors, Constant types and Constant values are those read from the nodes themselves, and
-    no holder's attributes are read twice."""
+    """The load reads the main graph's tensor holders' attributes and its initializers' names
+    and types once (`NodeFields`), and the typing, the weights' facts and the store pass use
+    that read: on every fixture and onnx case, the initializers, declared types, tensors,
+    Constant types and Constant values are those read from the graph itself, and no holder's
+    attributes are read twice."""
     from rlx_onnx_amp import types
     from rlx_onnx_amp.ranges import _source_tensor
     from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
@@ -143,6 +144,10 @@ def test_attributes_read_once_give_what_the_node_gives(monkeypatch: pytest.Monke
     checked = 0
     for name, model in _models().items():
         fields = types.NodeFields.read(model.graph)
+        inits = list(model.graph.initializer)
+        assert fields.initializer_names == [t.name for t in inits], name
+        assert fields.initializer_types == [t.data_type for t in inits], name
+        assert types.declared_types(model.graph, fields) == types.declared_types(model.graph), name
         cached = [t.SerializeToString() for t in types.all_tensors(model, fields)]
         assert cached == [t.SerializeToString() for t in types.all_tensors(model)], name
         reads.clear()

@@ -88,10 +88,11 @@ class DecidePass(Pass[Plan]):
     def decide_model(self) -> Scope:
         """Sweep 1 over the whole model: the main scope, every node decided."""
         graph = self.cx.model.graph
-        self.cx.collect_names(graph)
+        fields = self.cx.fields
+        self.cx.collect_names(graph, fields)
         names = set(self.cx.fresh.taken)
-        declared = declared_types(graph)
-        main = Scope(graph, "", None, declared or {})
+        declared = declared_types(graph, fields)
+        main = Scope(graph, "", None, declared or {}, fields.initializer_names)
         try:
             if declared is None:
                 raise Untyped("a graph input or output is not a tensor")
@@ -100,7 +101,7 @@ class DecidePass(Pass[Plan]):
             logger.debug("schema typing gave up (%s); running onnx shape inference", e)
             self.cx.fresh = FreshNames(names)
             types = infer_types(self.cx.model)
-            main = Scope(graph, "", None, types.get("", {}))
+            main = Scope(graph, "", None, types.get("", {}), fields.initializer_names)
             self.decide_scope(main, types)
         return main
 

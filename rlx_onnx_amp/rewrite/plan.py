@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
@@ -90,13 +90,23 @@ class NodeDecision:
 class Scope:
     """One graph (main or body) and what the sweeps learn about its values."""
 
-    def __init__(self, graph: GraphProto, path: str, parent: Scope | None, types: dict[str, int]) -> None:
+    def __init__(
+        self,
+        graph: GraphProto,
+        path: str,
+        parent: Scope | None,
+        types: dict[str, int],
+        initializer_names: Iterable[str] | None = None,
+    ) -> None:
+        """`initializer_names`: the graph's, already read (`types.NodeFields`)."""
         self.graph = graph
         self.path = path
         self.parent = parent
         self.orig: dict[str, int] = dict(types)  # element types before the rewrite
         self.storage: dict[str, int] = {}  # element types after
-        self.defined: set[str] = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        weights = initializer_names if initializer_names is not None else (t.name for t in graph.initializer)
+        self.defined: set[str] = {i.name for i in graph.input}
+        self.defined.update(weights)
         #: Values whose storage type follows what their consumers want (graph inputs,
         #: initializers, Constant-like outputs): the only ones whose `wants` are recorded.
         self.tracked: set[str] = set(self.defined)
@@ -262,10 +272,11 @@ class Conversion:
     def opset(self, domain: str) -> int:
         return self.opsets.get(canonical_domain(domain), 1)
 
-    def collect_names(self, graph: GraphProto) -> None:
-        """Names of the graph's declared values; node names and outputs are added while deciding."""
+    def collect_names(self, graph: GraphProto, fields: NodeFields | None = None) -> None:
+        """Names of the graph's declared values; node names and outputs are added while deciding.
+        `fields`: the graph's, already read."""
         self.fresh.take([vi.name for vi in (*graph.input, *graph.output, *graph.value_info)])
-        self.fresh.take([t.name for t in graph.initializer])
+        self.fresh.take(fields.initializer_names if fields is not None else [t.name for t in graph.initializer])
 
     def record_clamp(self, name: str, stats: ClampStats) -> None:
         if stats.clamped or stats.flushed:

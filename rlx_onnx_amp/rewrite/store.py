@@ -73,9 +73,15 @@ class StorePass(Pass[Plan]):
             for vi in scope.graph.input:
                 if scope.orig.get(vi.name) == F32 and (low := self._single_low(scope, vi.name)):
                     scope.storage[vi.name] = low
-        for init in scope.graph.initializer:
-            if init.data_type == F32 and (low := self._single_low(scope, init.name)):
-                scope.storage[init.name] = low
+        fields = self.cx.fields if is_main else None  # the main graph's initializers, read once
+        weights = (
+            zip(fields.initializer_names, fields.initializer_types)
+            if fields is not None
+            else ((init.name, init.data_type) for init in scope.graph.initializer)
+        )
+        for name, elem in weights:
+            if elem == F32 and (low := self._single_low(scope, name)):
+                scope.storage[name] = low
         for d in [d for d in scope.decisions if d.source]:
             if not d.outputs or not d.outputs[0]:
                 continue
