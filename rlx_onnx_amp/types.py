@@ -167,7 +167,8 @@ def all_tensors(model: ModelProto, fields: NodeFields | None = None) -> Iterator
         yield from model.graph.initializer
         for i in indices:
             yield from (t for _, _, t in fields.attributes(i) if t is not None)
-        bodies = _bodies_of([fields.nodes[i] for i in indices])
+        nodes, ops, domains = fields.nodes, fields.ops, fields.domains
+        bodies = _bodies_of((nodes[i], ops[i], domains[i]) for i in indices)
         graphs = [found for body in bodies for found in _graphs_and_tensor_holders(body)]
     for graph, holders in graphs:
         yield from graph.initializer
@@ -182,17 +183,18 @@ def _graphs_and_tensor_holders(graph: GraphProto) -> list[tuple[GraphProto, list
     each node's op type (and domain where the op type alone cannot tell)."""
     holders = [node for node in graph.node if _may_hold_tensors(node.op_type, node)]
     found = [(graph, holders)]
-    for body in _bodies_of(holders):
+    for body in _bodies_of((node, node.op_type, node.domain) for node in holders):
         found.extend(_graphs_and_tensor_holders(body))
     return found
 
 
-def _bodies_of(holders: list[onnx.NodeProto]) -> list[GraphProto]:
-    """The graphs the `holders` hold: of the default domain's ops only GRAPH_OPS hold any."""
+def _bodies_of(holders: Iterable[tuple[onnx.NodeProto, str, str]]) -> list[GraphProto]:
+    """The graphs the holders, given as (node, op type, domain), hold: of the default domain's
+    ops only GRAPH_OPS hold any."""
     return [
         body
-        for node in holders
-        if node.op_type in GRAPH_OPS or node.domain not in DEFAULT_DOMAINS
+        for node, op, domain in holders
+        if op in GRAPH_OPS or domain not in DEFAULT_DOMAINS
         for _, body in subgraphs(node)
     ]
 
