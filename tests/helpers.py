@@ -81,7 +81,7 @@ def _rlx_in_process(argv: list[str], cwd: Path | None) -> subprocess.CompletedPr
 def feeds_for(fixture: Fixture | None, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for vi in model.graph.input:
         if vi.name in inits:
             continue
@@ -125,7 +125,7 @@ def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def value_names(model: onnx.ModelProto) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for g in all_graphs(model.graph):
         names.update(i.name for i in g.input)
         names.update(t.name for t in g.initializer)

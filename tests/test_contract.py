@@ -190,12 +190,18 @@ def test_markdown_carries_why_and_the_repair(tmp_path: Path) -> None:
 
 
 def test_cosine_prints_enough_digits() -> None:
+    from rlx_onnx_amp.reports.record import OutputResult
     from rlx_onnx_amp.reports.text import DRIFT_COLUMNS
+    from rlx_onnx_amp.verification import Tolerance
     from rlx_onnx_amp.verification.metrics import OutputDrift
 
-    cosine = next(c for c in DRIFT_COLUMNS if c.header == "cosine")
-    assert cosine.cell(OutputDrift("y", "float32", (2,), 2, cosine=0.9999997)) == "0.9999997"
-    assert cosine.cell(OutputDrift("y", "float32", (2,), 2, cosine=1.0)) == "1"
+    def output(cosine: float) -> OutputResult:  # as the renderers get it, read back from the JSON
+        drift = OutputDrift("y", "float32", (2,), 2, cosine=cosine, tolerance=Tolerance(1e-2, 1e-2, 0.999))
+        return OutputResult.from_json(drift.to_json())
+
+    column = next(c for c in DRIFT_COLUMNS if c.header == "cosine")
+    assert column.cell(output(0.9999997)) == "0.9999997"
+    assert column.cell(output(1.0)) == "1"
 
 
 def test_max_rel_is_not_blown_up_by_near_zero_references() -> None:

@@ -232,7 +232,7 @@ def _with_external(lay: Layout, edit: dict[str, str | None] | None = None, clear
 def test_external_data_outside_the_model_directory_is_refused(lay: Layout) -> None:
     secret = lay.elsewhere / "secret.data"
     (lay.inp / "link.data").symlink_to(secret)
-    cases = [
+    cases: list[tuple[dict[str, str | None], str]] = [
         ({"location": "../elsewhere/secret.data"}, "'../elsewhere/secret.data' leads out of the model's directory"),
         ({"location": str(secret)}, "is an absolute path"),
         ({"location": "link.data"}, "'link.data' is a symbolic link"),
@@ -274,7 +274,7 @@ def test_a_late_failure_keeps_the_previous_output(lay: Layout) -> None:
     # Each fails after the conversion ran (during verification), or at commit time.
     np.savez(lay.inp / "wrong.npz", x=np.zeros(3, np.float32), idx=np.zeros(3, np.int64))
     np.savez(lay.inp / "ints.npz", x=np.zeros((2, 256), np.int64), idx=np.zeros(3, np.int64))
-    late = [
+    late: list[tuple[tuple[str | Path, ...], str]] = [
         (("--verify", "--inputs", lay.inp / "wrong.npz"), f"--inputs {lay.inp / 'wrong.npz'}: input 'x': got rank 1 [3]"),
         (("--verify", "--inputs", lay.inp / "ints.npz"), "input 'x': got int64 values, the model takes float32"),
         (("--verify", "--shape", "x:2x256x1"), "synthesized inputs (--shape): input 'x': got rank 3"),

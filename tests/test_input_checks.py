@@ -161,12 +161,12 @@ def test_unusable_verify_options_are_one_line_before_any_work(
     # One check (VerifyOptions.check) for the convert and verify commands, inspect --screen and
     # the Olive pass (tests/test_olive.py): no output, no scratch left.
     model = _model(tmp_path / "m.onnx", [2, 4])
-    argv = {
+    argv: dict[str, tuple[str | Path, ...]] = {
         "convert": (model, "-o", tmp_path / "out.onnx", *args),
         "verify": ("verify", model, model, *args),
         "inspect": ("inspect", model, *args),
-    }[command]
-    _refused(rlx(*argv, cwd=tmp_path), *words)
+    }
+    _refused(rlx(*argv[command], cwd=tmp_path), *words)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 

@@ -8,6 +8,7 @@ import gc
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "models" / "demo_transformer.onnx"
 
 
-def _typed(model: ir.Model) -> ir.Model:
+def _typed(model: onnx_ir.Model) -> onnx_ir.Model:
     """Every value's type filled in: the pass's precondition."""
     return onnx_ir.passes.common.ShapeInferencePass()(model).model
 
@@ -102,7 +103,7 @@ def test_keywords_are_converts(tmp_path: Path) -> None:
     """keep_f32_ops and keep_io_types reach the converter as they do through `convert`."""
     model = _typed(ir.load(DEMO))
     proto = ir.to_proto(model)
-    kw = {"keep_f32_ops": ["Softmax"], "keep_io_types": False, "target": "cpu"}
+    kw: dict[str, Any] = {"keep_f32_ops": ["Softmax"], "keep_io_types": False, "target": "cpu"}
     p = MixedPrecisionPass(policy="always-f16", **kw)
     p(model)
     expected = rlx_onnx_amp.convert(proto, "always-f16", **kw)
@@ -139,7 +140,7 @@ def test_requires_every_type_known() -> None:
     assert ir.passes.PreconditionError in _causes(caught.value)
 
 
-def _cast_mislabelled() -> ir.Model:
+def _cast_mislabelled() -> onnx_ir.Model:
     """A Cast (of a float16 input) to FLOAT whose output says FLOAT16: every type known, one
     Cast disagrees; always-f32 leaves it as it is."""
     from onnx import TensorProto as T
@@ -172,7 +173,9 @@ def test_ensures_types_known() -> None:
 # ---- torch's dynamo exporter -----------------------------------------------------------------
 
 def test_a_dynamo_export() -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'rlx-onnx-amp[export]')")
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'rlx-onnx-amp[export]')")
+    import torch
+
     torch.manual_seed(24)
 
     class Block(torch.nn.Module):
@@ -184,7 +187,9 @@ def test_a_dynamo_export() -> None:
             return torch.softmax(self.out(torch.relu(self.norm(self.proj(x)))), dim=-1)
 
     module, x = Block().eval(), torch.randn(4, 16)
-    model = torch.onnx.export(module, (x,), dynamo=True, verbose=False).model
+    program = torch.onnx.export(module, (x,), dynamo=True, verbose=False)
+    assert program is not None  # dynamo=True returns the program
+    model = program.model
     assert isinstance(model, ir.Model)
     before = ir.to_proto(model)
     result = ir.passes.PassManager([MixedPrecisionPass(policy="always-f16")])(model)

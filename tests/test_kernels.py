@@ -8,6 +8,8 @@ for real (not emulated); `target="cuda"` follows onnxruntime's CUDA kernel table
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -24,7 +26,7 @@ FIXTURES = {**HEALTHY, **BROKEN_IN_F16}
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-def _single_op(op: str, opset: int = 21, n_inputs: int = 1, **attrs: object) -> onnx.ModelProto:
+def _single_op(op: str, opset: int = 21, n_inputs: int = 1, **attrs: Any) -> onnx.ModelProto:
     names = [f"x{i}" for i in range(n_inputs)]
     node = helper.make_node(op, names, ["y"], name=op.lower(), **attrs)
     graph = helper.make_graph(

@@ -48,7 +48,7 @@ def test_light_model(path: Path, policy: str, tmp_path: Path) -> None:
             assert all(k.code in ("schema-admits", "cast-unavailable") for k in report.kept_f32 if k.op != "Constant")
         return  # no bf16 kernels on onnxruntime's CPU provider; see test_verify for emulated numbers
     feeds = feeds_for(None, model)
-    np.savez(tmp_path / "feeds.npz", **feeds)
+    np.savez(tmp_path / "feeds.npz", allow_pickle=False, **feeds)
     # The f16 numbers are judged on the emulated candidate (onnxruntime's CPU provider would
     # compute most f16 nodes in f32 and hide what f16 does).
     result = verify(path, out, VerifyOptions(provider="cpu", inputs=str(tmp_path / "feeds.npz")))

@@ -3,6 +3,8 @@ converts, passes the checker, loads, runs and matches the original within f16 to
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from fixtures.onnx_cases import check_case, collect_eligible
@@ -19,7 +21,7 @@ def test_every_eligible_node_case_passes(policy: str, target: str) -> None:
     lowered = 0
     for case in cases:
         report = ConversionReport()
-        problem = check_case(case, lambda m, report=report: convert(m, policy, report=report, target=target))
+        problem = check_case(case, functools.partial(convert, policy=policy, report=report, target=target))
         lowered += report.by_precision["f16"] + report.by_precision["bf16"] > 0
         if problem:
             failures[case.name] = problem

@@ -51,7 +51,7 @@ def test_wheel_runs_the_quick_start_away_from_the_checkout(dist: dict[str, Path]
     assert (target / "rlx_onnx_amp" / "py.typed").is_file()
     work = tmp_path / "work"
     work.mkdir()
-    path = [target, SITE]
+    path: list[Path | str] = [target, SITE]
     where = _run_isolated(["-c", "import rlx_onnx_amp, sys; print(rlx_onnx_amp.__file__)"], path, work)
     assert where.stdout.strip().startswith(str(target)), where.stdout + where.stderr
     demo = _run_isolated(["-m", "rlx_onnx_amp", "demo", "demo.onnx"], path, work)

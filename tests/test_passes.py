@@ -5,6 +5,7 @@ plan or a result that breaks its promises."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -17,6 +18,7 @@ from rlx_onnx_amp import ConversionReport, convert
 from rlx_onnx_amp.passes import Pass, PassContractError, PassResult, fingerprint, run_passes
 from rlx_onnx_amp.policy import policy_from_name
 from rlx_onnx_amp.rewrite import ConvertOptions, EmitPass, Plan, Stage, conversion_passes, convert_model
+from rlx_onnx_amp.rewrite.templates import Template, TemplateKey, Templates
 from tests.helpers import POLICIES, feeds_for, run
 
 FIXTURES = {**HEALTHY, **BROKEN_IN_F16, **REPAIR_CASES, **COST_CASES}
@@ -174,23 +176,43 @@ def test_the_emit_contract_catches_a_retyped_integer_and_a_result_the_checker_re
         emit.ensures(plan)
 
 
-class _NoTemplates(dict):
-    """A template cache that never remembers: every node is decided by the rule list alone."""
+class _CountedTemplates(Templates):
+    """The converter's template cache, counting the nodes it decides; with `remember=False` it
+    never remembers, so every node is decided by the rule list alone."""
 
-    def __setitem__(self, key: object, value: object) -> None:
-        pass
+    def __init__(self, remember: bool) -> None:
+        super().__init__()
+        self.remember, self.hits = remember, 0
+        found = self.get
+
+        def get(key: TemplateKey) -> Template | None:
+            template = found(key)
+            self.hits += template is not None
+            return template
+
+        self.get = get
+
+    def offer(self, *args: Any) -> None:
+        if self.remember:
+            super().offer(*args)
 
 
-def _decisions(model: onnx.ModelProto, policy: str, templates: bool, **options: object) -> list[tuple]:
+def _decisions(model: onnx.ModelProto, policy: str, templates: bool, **options: Any) -> list[tuple]:
+    decisions, _ = _decided(model, policy, templates, **options)
+    return decisions
+
+
+def _decided(model: onnx.ModelProto, policy: str, templates: bool, **options: Any) -> tuple[list[tuple], int]:
+    """The decide pass's decisions, and how many nodes the template cache decided."""
     plan, (decide, _, _) = conversion_passes(model, policy_from_name(policy), ConvertOptions(**options))
-    if not templates:
-        decide._templates = _NoTemplates()
+    decide.templates = counted = _CountedTemplates(remember=templates)
     decide(plan)
-    return [
+    decisions = [
         (d.path, d.precision, d.input_types, d.output_types, d.reason, d.code, d.source, d.keepable)
         for scope in plan.scopes()
         for d in scope.decisions
     ]
+    return decisions, counted.hits
 
 
 def _repeated(n: int = 6) -> onnx.ModelProto:
@@ -213,13 +235,16 @@ def test_the_template_cache_decides_nothing_the_rules_would_not(name: str) -> No
     alone: the cache memoises the rules' outcome, it does not decide."""
     model = FIXTURES[name]().model if name in FIXTURES else onnx.load(str(LIGHT[[p.stem for p in LIGHT].index(name)]))
     for policy in POLICIES:
-        assert _decisions(model, policy, True) == _decisions(model, policy, False), policy
+        alone, hits = _decided(model, policy, False)
+        assert hits == 0  # no template was remembered
+        assert _decisions(model, policy, True) == alone, policy
 
 
 def test_the_template_cache_keeps_per_node_rules_per_node() -> None:
     model = _repeated()
     options = {"keep_f32_nodes": ("^add3$",), "keep_f32_paths": {"6": "repair: kept"}}
-    cached = _decisions(model, "always-f16", True, **options)
+    cached, hits = _decided(model, "always-f16", True, **options)
+    assert hits == 20  # every node but the first four (the per-node rules still run on them)
     assert cached == _decisions(model, "always-f16", False, **options)
     codes = {path: code for path, _, _, _, _, code, _, _ in cached}
     assert codes["13"] == "user-keep" and codes["6"] == "user-keep" and codes["9"] is None  # add3, relu1, add2

@@ -102,7 +102,7 @@ def test_healthy_model_needs_no_repair(tmp_path: Path) -> None:
     _conversion, _verified, result = repair_file(src, tmp_path / "out.onnx", "auto-mixed")
     assert result.passed and result.evaluations == 1 and result.kept == {}
     assert result.compute_low_share == 0.0  # auto-mixed keeps Compute in f32 by policy
-    assert 0 < result.weight_low_share < 1
+    assert result.weight_low_share is not None and 0 < result.weight_low_share < 1
 
 
 def _loop_overflow_model() -> onnx.ModelProto:

@@ -4,8 +4,9 @@ examples of each rule, through the converter and onnxruntime, are in tests/test_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from onnx import NodeProto, TensorProto, helper
@@ -94,8 +95,8 @@ def _facts(
     op: str,
     ins: list[str],
     outs: list[str],
-    in_types: list[int | None],
-    out_types: list[int | None],
+    in_types: Sequence[int | None],
+    out_types: Sequence[int | None],
     *,
     domain: str = "",
     opset: int = 21,
@@ -103,11 +104,11 @@ def _facts(
     target: Precision | None = F16,
     has_subgraph: bool = False,
     name: str = "n",
-    **attrs: object,
+    **attrs: Any,
 ) -> NodeFacts:
     node = helper.make_node(op, ins, outs, name=name, domain=domain, **attrs)
     sig = signature(domain, op, opset, len(ins), len(outs))
-    f = NodeFacts(node, "0", scope, op, domain, ins, outs, in_types, out_types, sig, has_subgraph)
+    f = NodeFacts(node, "0", scope, op, domain, ins, outs, list(in_types), list(out_types), sig, has_subgraph)
     f.kind, f.target = kind_of(domain, op), target
     return f
 
@@ -203,7 +204,8 @@ def test_qdq_region() -> None:
     scope = _scope(("q", TensorProto.UINT8), ("s", F), ("a", F))
     scope.has_qdq = True
     _produce(scope, "DequantizeLinear", ["q", "s"], ["dq"])
-    assert _check("qdq-region", _facts("Relu", ["dq"], ["r"], [F], [F], scope=scope)).startswith("qdq: ")
+    reason = _check("qdq-region", _facts("Relu", ["dq"], ["r"], [F], [F], scope=scope))
+    assert reason is not None and reason.startswith("qdq: ")
     scope.quantized_inputs = {"r2"}  # read by a QuantizeLinear
     assert _check("qdq-region", _facts("Relu", ["a"], ["r2"], [F], [F], scope=scope))
     assert _check("qdq-region", _facts("Relu", ["a"], ["r3"], [F], [F], scope=scope)) is None
@@ -256,7 +258,8 @@ def test_dequantize_arithmetic() -> None:
     assert _check("dequantize-arithmetic", reads_scale) == "dequantize: reads DynamicQuantizeLinear's run-time scale 'xs'"
     feeds = _facts("Relu", ["x"], ["r"], [F], [F], scope=scope)
     ctx = FakeContext(numeric=FakeNumeric(quantized_at_run_time=frozenset({"r"})))
-    assert _check("dequantize-arithmetic", feeds, ctx).startswith("dequantize: makes 'r'")
+    reason = _check("dequantize-arithmetic", feeds, ctx)
+    assert reason is not None and reason.startswith("dequantize: makes 'r'")
     assert _check("dequantize-arithmetic", _facts(*ADD, scope=scope)) is None
 
 
@@ -289,7 +292,7 @@ def test_range_screen() -> None:
     assert _check("range-screen", _facts("Exp", ["x"], ["y"], [F], [F], scope=scope), tainted) is None
 
 
-def _group(known: set[int], allowed: set[str] = frozenset({"tensor(float)", "tensor(float16)"}), attribute_typed: bool = False) -> GroupFacts:
+def _group(known: set[int], allowed: Set[str] = frozenset({"tensor(float)", "tensor(float16)"}), attribute_typed: bool = False) -> GroupFacts:
     return GroupFacts(TypeGroup("T", frozenset(allowed), (0,), (0,)), frozenset(known), F16, attribute_typed)
 
 

@@ -4,6 +4,8 @@ valid, and, where onnxruntime can run the model, its outputs against the origina
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -25,7 +27,7 @@ def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, inits: list
     return helper.make_model(graph, opset_imports=imports, ir_version=helper.find_min_ir_version_for(imports[:1]))
 
 
-def _codes(model: onnx.ModelProto, policy: str, **options: object) -> tuple[dict[str, str | None], onnx.ModelProto]:
+def _codes(model: onnx.ModelProto, policy: str, **options: Any) -> tuple[dict[str, str | None], onnx.ModelProto]:
     """Op type -> the code that kept it, and the converted model (checked by the pass contracts)."""
     report = ConversionReport()
     out = convert(model, policy, report=report, check_contracts=True, **options)

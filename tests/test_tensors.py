@@ -127,7 +127,7 @@ def _tensors_of_every_storage() -> list[TensorProto]:
     found.append(helper.make_tensor("typed_int64", TensorProto.INT64, [4], [1, 2, 3, 4]))
     found.append(helper.make_tensor("typed_f16", TensorProto.FLOAT16, [2], np.array([1, 2], np.float16).view(np.uint16)))
     found.append(helper.make_tensor("int4", TensorProto.INT4, [5], [1, -2, 3, -4, 5]))
-    found.append(helper.make_tensor("strings", TensorProto.STRING, [2], [b"a", b"bc"]))
+    found.append(numpy_helper.from_array(np.array([b"a", b"bc"], dtype=object), name="strings"))
     found.append(helper.make_tensor("scalar", TensorProto.FLOAT, [], [2.5]))
     found.append(helper.make_tensor("empty", TensorProto.FLOAT, [0, 3], []))
     return found

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 import onnx.backend.test
 import pytest
-from onnx import TensorProto, helper
+from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from fixtures.onnx_cases import collect_eligible
@@ -69,7 +69,12 @@ def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.
     models = _models()
     inferred: list[str] = []
     infer_types = converter.infer_types
-    monkeypatch.setattr(converter, "infer_types", lambda model: inferred.append(model.graph.name) or infer_types(model))
+
+    def counted_infer_types(model: ModelProto) -> object:
+        inferred.append(model.graph.name)
+        return infer_types(model)
+
+    monkeypatch.setattr(converter, "infer_types", counted_infer_types)
     fast = {}
     for name, model in models.items():
         report = ConversionReport()
@@ -140,7 +145,12 @@ def test_attributes_read_once_give_what_the_node_gives(monkeypatch: pytest.Monke
 
     reads: list[int] = []
     real = types.read_attributes
-    monkeypatch.setattr(types, "read_attributes", lambda node: (reads.append(id(node)), real(node))[1])
+
+    def counted_read_attributes(node: NodeProto) -> object:
+        reads.append(id(node))
+        return real(node)
+
+    monkeypatch.setattr(types, "read_attributes", counted_read_attributes)
     checked = 0
     for name, model in _models().items():
         fields = types.NodeFields.read(model.graph)

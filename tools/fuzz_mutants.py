@@ -801,15 +801,15 @@ def run_mutant(seed: int, index: int, workdir: Path, verify_share: float, err: _
     )
     written = code in (0, 1, EXIT_UNVERIFIED)  # the exits that write the model
     if check_inputs or (written and not (out_dir / OUT_NAME).is_file()):
-        c, o, e = model_valid(in_path)
-        record.update(in_checker=c, in_ort=o, in_error=e, inputs_checked=True)
+        checker_ok, ort_ok, problem = model_valid(in_path)
+        record.update(in_checker=checker_ok, in_ort=ort_ok, in_error=problem, inputs_checked=True)
     if written:
         if (out_dir / OUT_NAME).is_file():
-            c, o, e = model_valid(out_dir / OUT_NAME)
-            record.update(out_checker=c, out_ort=o, out_error=e)
-            if not (c and o) and "in_checker" not in record:
-                c, o, e = model_valid(in_path)
-                record.update(in_checker=c, in_ort=o, in_error=e)
+            checker_ok, ort_ok, problem = model_valid(out_dir / OUT_NAME)
+            record.update(out_checker=checker_ok, out_ort=ort_ok, out_error=problem)
+            if not (checker_ok and ort_ok) and "in_checker" not in record:
+                checker_ok, ort_ok, problem = model_valid(in_path)
+                record.update(in_checker=checker_ok, in_ort=ort_ok, in_error=problem)
         else:
             record.update(out_checker=False, out_ort=False, out_error=f"exit {code} but no output file")
     return record
@@ -893,7 +893,7 @@ def summarize(records: list[dict[str, Any]], out: Any = sys.stdout) -> None:
     for code, n in sorted(codes.items(), key=lambda kv: (kv[0] is None, kv[0])):
         print(f"{code!s:>9}  {n:7d}", file=out)
     by_kind: dict[str, collections.Counter[Any]] = collections.defaultdict(collections.Counter)
-    failures = collections.Counter()
+    failures: collections.Counter[str] = collections.Counter()
     for r in ran:
         kind = r["kinds"][0] if r["kinds"] else "none"
         by_kind[kind][r["exit"]] += 1
@@ -923,8 +923,8 @@ def summarize(records: list[dict[str, Any]], out: Any = sys.stdout) -> None:
         line = first_error_line(r, generic=True)
         classes[(r["kinds"][0] if r["kinds"] else "none", r["exit"], p[0].split(" (")[0].split(":")[0], line)].append(r)
     for (kind, code, problem, line), rs in sorted(classes.items(), key=lambda kv: -len(kv[1])):
-        valid = {f"{r.get('in_checker')}/{r.get('in_ort')}" for r in rs}
-        print(f"  {len(rs):4d} x {kind} exit {code}: {problem} [input checker/ort: {', '.join(sorted(valid))}]\n"
+        input_states = {f"{r.get('in_checker')}/{r.get('in_ort')}" for r in rs}
+        print(f"  {len(rs):4d} x {kind} exit {code}: {problem} [input checker/ort: {', '.join(sorted(input_states))}]\n"
               f"         {line}\n         e.g. {reproduce_command(rs[0])}", file=out)
 
 
@@ -955,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(a.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     jsonl = Path(a.jsonl) if a.jsonl else workdir / "records.jsonl"
+    assert sys.__stderr__ is not None  # the process's own stderr: the run captures sys.stderr
     faulthandler.enable(file=sys.__stderr__)
     err, out = _Capture(), _Capture()
     records = []

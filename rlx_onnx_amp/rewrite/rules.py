@@ -9,7 +9,7 @@ be built and tested alone.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,7 +18,7 @@ from onnx import NodeProto
 from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, NumericFacts, ValueRange, scoped_name
+from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, ValueRange, scoped_name
 from rlx_onnx_amp.rewrite.plan import F32, TYPE_NAME, TYPE_STR
 from rlx_onnx_amp.schema import OpSignature, TypeGroup
 from rlx_onnx_amp.taxonomy import (
@@ -110,13 +110,36 @@ class KeepRule:
     summary: str = field(kw_only=True)  # what the code means, for reports and docs/design.md
 
 
+class NumericView(Protocol):
+    """What the keep rules read of `ranges.NumericFacts`: the model's weights and run-time quantization."""
+
+    @property
+    def quantized_at_run_time(self) -> frozenset[str]: ...
+
+    def past_range(self, key: str, precision: Precision) -> float | None: ...
+
+    def is_sentinel(self, key: str, precision: Precision) -> bool: ...
+
+    def tainted(self, key: str, precision: Precision) -> bool: ...
+
+    def singular_inputs(self, node: NodeProto, scope: str) -> Collection[int]: ...
+
+    def singular_reads(self) -> frozenset[str]: ...
+
+
 class RuleContext(Protocol):
     """What the keep rules may ask beyond its node's facts: the conversion's settings and what is
     known of the model's values. `DecideContext` is the converter's; a test can pass its own."""
 
-    provider: Target  # the execution provider the model is converted for
-    numeric: NumericFacts
-    value_ranges: Mapping[str, ValueRange]  # ConvertOptions.value_ranges
+    # Read-only members: a context may hold any type that answers them (a test's fake numbers).
+    @property
+    def provider(self) -> Target: ...  # the execution provider the model is converted for
+
+    @property
+    def numeric(self) -> NumericView: ...
+
+    @property
+    def value_ranges(self) -> Mapping[str, ValueRange]: ...  # ConvertOptions.value_ranges
 
     def opset(self, domain: str) -> int: ...
 
