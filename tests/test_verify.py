@@ -55,6 +55,39 @@ def test_new_nan_and_inf_fail_but_shared_ones_do_not() -> None:
     assert not inf.passed and inf.inf_cand == 2
 
 
+_RAMP = np.linspace(1.0, 2.0, 1000)
+_SMALL = np.random.default_rng(0).standard_normal(100) * 1e-3
+#: Each check of `metrics.CHECKS` alone: a reference, a candidate that fails only that check,
+#: and the tolerance it is judged by.
+_CHECK_CASES: dict[str, tuple[np.ndarray, np.ndarray, Tolerance]] = {
+    "finite": (np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 2.0, np.nan, 4.0]), TOL),
+    "shape": (np.zeros((2, 2)), np.zeros(4), TOL),
+    "exact": (np.array([1, 2, 3], np.int64), np.array([1, 2, 4], np.int64), TOL),
+    "max-scaled": (_RAMP, np.where(np.arange(1000) == 500, _RAMP + 0.1, _RAMP), TOL),
+    # max-scaled passes (rtol_of_max 1) and cosine is not asked; one small element is off by half.
+    "element-wise": (_RAMP * 1e-3, np.where(np.arange(1000) == 0, 1.5e-3, _RAMP * 1e-3), Tolerance(0.0, 1.0, 0.0, 1e-2)),
+    "cosine": (_SMALL, np.zeros_like(_SMALL), TOL),  # within atol everywhere
+}
+
+
+def test_every_check_has_a_case_here() -> None:
+    from rlx_onnx_amp.verification.metrics import CHECKS
+
+    assert set(_CHECK_CASES) == set(CHECKS)
+
+
+@pytest.mark.parametrize("check", sorted(_CHECK_CASES))
+def test_each_check_alone(check: str) -> None:
+    """A candidate that fails one check fails on it alone, with its code; the reference passes."""
+    ref, cand, tol = _CHECK_CASES[check]
+    drift = compare_arrays("y", ref, cand, tol)
+    assert not drift.passed and drift.failed_checks == [check], drift.failures
+    assert drift.failures is not None and len(drift.failures) == 1
+    assert drift.score > 1.0  # how far from passing: what repair minimizes
+    same = compare_arrays("y", ref, ref.copy(), tol)
+    assert same.passed and same.failed_checks is None and same.score <= 1.0
+
+
 def test_empty_output_passes_with_zero_elements() -> None:
     d = compare_arrays("y", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), TOL)
     assert d.passed and d.elements == 0 and d.max_abs == 0
