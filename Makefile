@@ -12,7 +12,7 @@ demo:
 
 # Lint and types first (seconds), then the tests.
 lint:
-	$(PYTHON) -m ruff check rlx_onnx_amp tests
+	$(PYTHON) -m ruff check rlx_onnx_amp tests tools fixtures bench examples
 	$(PYTHON) -m mypy
 
 # The documentation site (mkdocs.yml): a page left out of the navigation or a broken link fails it.

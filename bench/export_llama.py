@@ -13,6 +13,7 @@ untied embeddings: 852.7M parameters, ~3.41 GB of float32 weights.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import resource
@@ -59,10 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         use_cache=False,
         torch_dtype="float32",
     )
-    try:
+    with contextlib.suppress(Exception):
         config._attn_implementation = "eager"  # sdpa also exports; eager gives the plain op pattern
-    except Exception:  # noqa: BLE001
-        pass
 
     t0 = time.perf_counter()
     with torch.no_grad():

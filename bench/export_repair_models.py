@@ -38,6 +38,7 @@ measured in torch (forward hooks) so the overflow is visible before any ONNX run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -48,15 +49,15 @@ GPT2_FC_SCALE = 40.0
 GPT2_PROJ_SCALE = 4e4
 
 
-def _max_abs_hook(store: dict[str, float], name: str):  # noqa: ANN202
-    def hook(_m, _i, out):  # noqa: ANN001, ANN202
+def _max_abs_hook(store: dict[str, float], name: str):
+    def hook(_m, _i, out):
         t = out[0] if isinstance(out, tuple) else out
         if hasattr(t, "abs"):
             store[name] = max(store.get(name, 0.0), float(t.detach().abs().max()))
     return hook
 
 
-def _convnext(depths: list[int], hidden_sizes: list[int], rescale):  # noqa: ANN001, ANN202
+def _convnext(depths: list[int], hidden_sizes: list[int], rescale):
     """A ConvNeXt classifier from config (seed 0); `rescale(block)` edits stage 2, block 1."""
     import torch
     from transformers import ConvNextConfig, ConvNextForImageClassification
@@ -73,36 +74,34 @@ def _convnext(depths: list[int], hidden_sizes: list[int], rescale):  # noqa: ANN
     return model, example, ["pixel_values"], ["logits"], lambda m, x: m(pixel_values=x).logits
 
 
-def _scale_mlp(layer) -> None:  # noqa: ANN001
+def _scale_mlp(layer) -> None:
     layer.pwconv1.weight.mul_(CONVNEXT_SCALE)
     layer.pwconv1.bias.mul_(CONVNEXT_SCALE)
     layer.pwconv2.weight.div_(CONVNEXT_SCALE ** 0.5)
     layer.layer_scale_parameter.div_(CONVNEXT_SCALE ** 0.5)
 
 
-def _scale_dwconv(layer) -> None:  # noqa: ANN001
+def _scale_dwconv(layer) -> None:
     layer.dwconv.weight.mul_(CONVNEXT_DW_SCALE)
     layer.dwconv.bias.mul_(CONVNEXT_DW_SCALE)
 
 
-def build_convnext(scale: bool = True):  # noqa: ANN201
+def build_convnext(scale: bool = True):
     return _convnext([2, 2, 4, 2], [24, 48, 96, 192], _scale_mlp if scale else None)
 
 
-def build_convnext_dw(scale: bool = True):  # noqa: ANN201
+def build_convnext_dw(scale: bool = True):
     return _convnext([2, 2, 6, 2], [32, 64, 128, 256], _scale_dwconv if scale else None)
 
 
-def build_gpt2(scale: bool = True):  # noqa: ANN201
+def build_gpt2(scale: bool = True):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=1000, n_positions=64, n_embd=128, n_layer=4, n_head=4, use_cache=False)
-    try:
+    with contextlib.suppress(Exception):
         config._attn_implementation = "eager"
-    except Exception:  # noqa: BLE001
-        pass
     model = GPT2LMHeadModel(config).eval()
     if scale:
         with torch.no_grad():

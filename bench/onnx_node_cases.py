@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fixtures.onnx_cases import check_case, collect_eligible  # noqa: E402
-from rlx_onnx_amp import convert  # noqa: E402
+from fixtures.onnx_cases import check_case, collect_eligible
+from rlx_onnx_amp import convert
 
 
 def contenders() -> dict[str, object]:

@@ -99,7 +99,7 @@ def peer_child(model_path: str, feeds_path: str, out_path: str, atol: float, rto
     t1 = time.perf_counter()
     try:
         result = amp.auto_convert_mixed_precision(model, feeds, rtol=rtol, atol=atol, keep_io_types=True)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         state.update(status="error", error=f"{type(e).__name__}: {e}", search_s=time.perf_counter() - t1)
         _dump()
         return 1
@@ -174,7 +174,7 @@ def count_nodes(original: Path, output: Path) -> dict[str, Any]:
     model = onnx.load(str(output), load_external_data=False)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001
+    except Exception:
         inferred = model
     g = inferred.graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*g.value_info, *g.input, *g.output)}

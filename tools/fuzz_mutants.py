@@ -295,7 +295,7 @@ def _mut_attribute(rng: np.random.Generator, m: onnx.ModelProto) -> str:
         if choice < 0.3:
             vals = vals[:-1]
         elif choice < 0.6:
-            vals = vals + [int(_pick(rng, [0, 1, -1, 9]))]
+            vals = [*vals, int(_pick(rng, [0, 1, -1, 9]))]
         else:
             vals = [int(v) for v in rng.permutation(vals)] if vals else [5]
             if vals:
@@ -384,7 +384,7 @@ def _mut_dims(rng: np.random.Generator, m: onnx.ModelProto) -> str:
             new = list(old)
             new[int(rng.integers(len(new)))] = int(_pick(rng, DIMS))
         elif choice < 0.6:
-            new = old + [int(_pick(rng, DIMS))]
+            new = [*old, int(_pick(rng, DIMS))]
         elif choice < 0.8:
             new = old[:-1]
         else:
@@ -748,7 +748,7 @@ def run_cli(args: list[str], err: _Capture, out: _Capture) -> tuple[int, str, st
         main.main(args=args, prog_name="rlx-amp", standalone_mode=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - an exception that escapes the CLI is what we look for
+    except BaseException:  # an exception that escapes the CLI is what we look for
         traceback.print_exc(file=err)
         code, uncaught = EXIT_INTERNAL, True
     finally:
