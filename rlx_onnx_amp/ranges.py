@@ -31,7 +31,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.tensors import WeightSource, is_external
-from rlx_onnx_amp.types import NodeFields, ReadAttribute, names_read, scoped_graphs, subgraphs
+from rlx_onnx_amp.types import NodeFields, ReadAttribute, initializer_rows, names_read, scoped_graphs, subgraphs
 
 __all__ = [
     "INTEGER_ACCUMULATORS",
@@ -205,14 +205,9 @@ class NumericFacts:
         """Float weights by key: initializers and Constant-like nodes, bodies included."""
         if self._weights is None:
             table: dict[str, TensorProto | NodeProto] = {}
-            fields = self._fields
-            weights: Iterable[tuple[TensorProto, str, int]]
             for path, graph in self._graphs:
-                if not path and fields is not None:  # the main graph's, read once
-                    weights = zip(fields.initializers, fields.initializer_names, fields.initializer_types)
-                else:
-                    weights = ((init, init.name, init.data_type) for init in graph.initializer)
-                for init, name, elem in weights:
+                # The main graph's, as the load read them.
+                for init, name, elem in initializer_rows(graph, None if path else self._fields):
                     if elem == _F32:
                         key = scoped_name(path, name)
                         table[key], self._scope_of[key] = init, path

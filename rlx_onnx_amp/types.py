@@ -44,6 +44,7 @@ __all__ = [
     "constant_type",
     "declared_types",
     "infer_types",
+    "initializer_rows",
     "model_types",
     "names_read",
     "opset_versions",
@@ -315,6 +316,14 @@ class NodeFields(NamedTuple):
         )
 
 
+def initializer_rows(graph: GraphProto, fields: NodeFields | None = None) -> Iterable[tuple[TensorProto, str, int]]:
+    """Each initializer of `graph` with its name and element type, in order: from `fields`, the
+    graph's own `NodeFields` where they were read, else from the graph."""
+    if fields is not None:
+        return zip(fields.initializers, fields.initializer_names, fields.initializer_types)
+    return ((t, t.name, t.data_type) for t in graph.initializer)
+
+
 def sort_topologically(graph: GraphProto, outer: frozenset[str] = frozenset(), fields: NodeFields | None = None) -> int:
     """Put `graph`'s nodes (and its bodies', at any depth) in an order where each node comes
     after the producers of what it reads, its bodies' reads of this graph's values included;
@@ -514,10 +523,7 @@ def declared_types(graph: GraphProto, fields: NodeFields | None = None) -> dict[
     """The element types a graph declares (initializers, inputs, value_info, outputs), or None
     when it declares a sequence, optional or map (those need onnx's inference). `fields`: the
     graph's, already read (`NodeFields`)."""
-    if fields is not None:
-        types = dict(zip(fields.initializer_names, fields.initializer_types))
-    else:
-        types = {init.name: init.data_type for init in graph.initializer}
+    types = {name: elem for _, name, elem in initializer_rows(graph, fields)}
     for vi in (*graph.input, *graph.value_info, *graph.output):
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type":

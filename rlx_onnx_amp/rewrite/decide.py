@@ -92,7 +92,7 @@ class DecidePass(Pass[Plan]):
         self.cx.collect_names(graph, fields)
         names = set(self.cx.fresh.taken)
         declared = declared_types(graph, fields)
-        main = Scope(graph, "", None, declared or {}, fields.initializer_names)
+        main = Scope(graph, "", None, declared or {}, fields)
         try:
             if declared is None:
                 raise Untyped("a graph input or output is not a tensor")
@@ -101,7 +101,7 @@ class DecidePass(Pass[Plan]):
             logger.debug("schema typing gave up (%s); running onnx shape inference", e)
             self.cx.fresh = FreshNames(names)
             types = infer_types(self.cx.model)
-            main = Scope(graph, "", None, types.get("", {}), fields.initializer_names)
+            main = Scope(graph, "", None, types.get("", {}), fields)
             self.decide_scope(main, types)
         return main
 

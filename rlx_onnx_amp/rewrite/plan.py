@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
@@ -17,7 +17,7 @@ from rlx_onnx_amp.ranges import NumericFacts, ValueRange
 from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.taxonomy import QDQ_CONSUMERS, QDQ_PRODUCERS, OpKind, canonical_domain
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource
-from rlx_onnx_amp.types import FreshNames, NodeFields, opset_versions
+from rlx_onnx_amp.types import FreshNames, NodeFields, initializer_rows, opset_versions
 
 __all__ = ["Conversion", "ConvertOptions", "NodeDecision", "Plan", "Scope", "Stage"]
 
@@ -96,17 +96,16 @@ class Scope:
         path: str,
         parent: Scope | None,
         types: dict[str, int],
-        initializer_names: Iterable[str] | None = None,
+        fields: NodeFields | None = None,
     ) -> None:
-        """`initializer_names`: the graph's, already read (`types.NodeFields`)."""
+        """`fields`: the graph's, already read (`types.NodeFields`)."""
         self.graph = graph
         self.path = path
         self.parent = parent
         self.orig: dict[str, int] = dict(types)  # element types before the rewrite
         self.storage: dict[str, int] = {}  # element types after
-        weights = initializer_names if initializer_names is not None else (t.name for t in graph.initializer)
         self.defined: set[str] = {i.name for i in graph.input}
-        self.defined.update(weights)
+        self.defined.update(name for _, name, _ in initializer_rows(graph, fields))
         #: Values whose storage type follows what their consumers want (graph inputs,
         #: initializers, Constant-like outputs): the only ones whose `wants` are recorded.
         self.tracked: set[str] = set(self.defined)
@@ -276,7 +275,7 @@ class Conversion:
         """Names of the graph's declared values; node names and outputs are added while deciding.
         `fields`: the graph's, already read."""
         self.fresh.take([vi.name for vi in (*graph.input, *graph.output, *graph.value_info)])
-        self.fresh.take(fields.initializer_names if fields is not None else [t.name for t in graph.initializer])
+        self.fresh.take([name for _, name, _ in initializer_rows(graph, fields)])
 
     def record_clamp(self, name: str, stats: ClampStats) -> None:
         if stats.clamped or stats.flushed:

@@ -11,6 +11,7 @@ from rlx_onnx_amp.rewrite.plan import F32, TYPE_STR, Conversion, NodeDecision, P
 from rlx_onnx_amp.schema import signature
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import ClampStats
+from rlx_onnx_amp.types import initializer_rows
 
 __all__ = ["StorePass"]
 
@@ -73,13 +74,8 @@ class StorePass(Pass[Plan]):
             for vi in scope.graph.input:
                 if scope.orig.get(vi.name) == F32 and (low := self._single_low(scope, vi.name)):
                     scope.storage[vi.name] = low
-        fields = self.cx.fields if is_main else None  # the main graph's initializers, read once
-        weights = (
-            zip(fields.initializer_names, fields.initializer_types)
-            if fields is not None
-            else ((init.name, init.data_type) for init in scope.graph.initializer)
-        )
-        for name, elem in weights:
+        # The main graph's initializers, as the load read them.
+        for _, name, elem in initializer_rows(scope.graph, self.cx.fields if is_main else None):
             if elem == F32 and (low := self._single_low(scope, name)):
                 scope.storage[name] = low
         for d in [d for d in scope.decisions if d.source]:
