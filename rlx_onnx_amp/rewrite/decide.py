@@ -123,7 +123,10 @@ class DecidePass(Pass[Plan]):
         self.cx.fresh.take(fields.names)
         # Bound once: the loop runs once per node of the graph.
         get_template, type_from = templates.get, templates.type_from
-        append, record = scope.decisions.append, scope.record
+        append, record, record_reads = scope.decisions.append, scope.record, scope.record_reads
+        is_main = scope.parent is None
+        defined_add, tracked_add, tracked = scope.defined.add, scope.tracked.add, scope.tracked
+        producer, storage = scope.producer, scope.storage
         no_bodies: list[Scope] = []
         holders = set(fields.holders)  # the nodes that may hold bodies; most graphs have none
         node_rules = self.node_rules
@@ -170,14 +173,32 @@ class DecidePass(Pass[Plan]):
             if keepable and node_rules:
                 self._apply_node_rules(decision, scope)
             append(decision)
-            for child in children:
-                self.decide_scope(child, types)
-                for out in child.graph.output:  # bodies hand back their original types
-                    child.want(out.name, child.orig_type(out.name))
-            record(decision, ins, outs, orig_type)
+            if children:
+                self._decide_bodies(children, types)
+            if is_main and len(outs) == 1 and outs[0]:
+                # `record` of most main-graph nodes, without the call: one named output, and
+                # the reads of tracked values only when there are any.
+                out = outs[0]
+                defined_add(out)
+                producer[out] = decision
+                if 0 in decision.output_types:
+                    storage[out] = decision.output_types[0]
+                if decision.source:
+                    tracked_add(out)
+                if not tracked.isdisjoint(ins):
+                    record_reads(decision, ins, orig_type)
+            else:
+                record(decision, ins, outs, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:
                 scope.want(out.name, out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None)
+
+    def _decide_bodies(self, children: list[Scope], types: ScopeTypes | None) -> None:
+        """Decide the bodies a node holds, right after the node."""
+        for child in children:
+            self.decide_scope(child, types)
+            for out in child.graph.output:  # bodies hand back their original types
+                child.want(out.name, child.orig_type(out.name))
 
     def _bodies(self, scope: Scope, node: NodeProto, path: str, types: ScopeTypes | None) -> list[Scope]:
         """The scopes of the bodies `node` holds (If/Loop/Scan, or a custom op with a graph)."""

@@ -199,9 +199,15 @@ class Scope:
             self._record_outputs(decision, outs)
         # Which types consumers read a value at matters only for values whose storage
         # follows their consumers (initializers, sources; see StorePass).
-        nested = self.parent is not None
-        if not nested and tracked.isdisjoint(ins):
+        if self.parent is None and tracked.isdisjoint(ins):
             return
+        self.record_reads(decision, ins, orig_type)
+
+    def record_reads(self, decision: NodeDecision, ins: list[str], orig_type: Callable[[str], int | None]) -> None:
+        """`record`'s reads part: the types a decided node reads the values whose storage
+        follows their consumers (`tracked`) at."""
+        defined, tracked = self.defined, self.tracked
+        nested = self.parent is not None
         input_types = decision.input_types
         owner: Scope | None
         for k, name in enumerate(ins):
