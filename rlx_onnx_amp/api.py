@@ -330,12 +330,15 @@ def stage_conversion(
         if progress is not None:
             progress(done, total)
 
+    model_bytes = 0  # the input's size, which sizes the heap a separate checker prepares
+    with contextlib.suppress(OSError):
+        model_bytes = src.stat().st_size
     try:
         with contextlib.ExitStack() as running:
             # A large graph's checker gets a process of its own now: it starts up while the
             # model is converted, and checks the written file while the report is filled.
             separate = check and len(model.graph.node) >= SEPARATE_CHECK_NODES
-            checker = running.enter_context(CheckerRun(separate)) if check else None
+            checker = running.enter_context(CheckerRun(separate, model_bytes)) if check else None
             with contextlib.ExitStack() as rewriting:
                 try:
                     rewritten = rewriting.enter_context(

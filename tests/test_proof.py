@@ -244,12 +244,14 @@ def test_a_large_graph_is_proved_by_the_separate_checker(tmp_path: Path, monkeyp
     the model it proves is byte-identical to the in-process one."""
     model = _chain(tmp_path / "m.onnx")
     started: list[bool] = []
+    sizes: list[int] = []
     real = proof.CheckerRun
 
     class Recorded(real):  # type: ignore[misc, valid-type]
-        def __init__(self, separate: bool) -> None:
+        def __init__(self, separate: bool, model_bytes: int = 0) -> None:
             started.append(separate)
-            super().__init__(separate)
+            sizes.append(model_bytes)
+            super().__init__(separate, model_bytes)
 
     monkeypatch.setattr(api, "CheckerRun", Recorded)
     outputs: dict[int, bytes] = {}
@@ -261,7 +263,94 @@ def test_a_large_graph_is_proved_by_the_separate_checker(tmp_path: Path, monkeyp
             assert staged.report.proof == "onnx.checker"
             outputs[limit] = staged.path.read_bytes()
     assert started == [True, False]
+    assert sizes == [model.stat().st_size] * 2  # what sizes the separate checker's heap
     assert outputs[1] == outputs[10**9]
+
+
+def _vm_kib(pid: int, field: str) -> int:
+    """A field of /proc/PID/status in KiB (VmRSS, VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for process {pid}")
+
+
+def _glibc() -> bool:
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).mallopt)
+    except (OSError, AttributeError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists() or not _glibc(), reason="needs /proc and glibc's mallopt")
+def test_the_checker_faults_in_its_heap_while_it_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a budget, the checker's process maps that much heap while the model is converted
+    (its parse and inference then take memory already mapped); its verdicts stay its own."""
+    budget = 256 << 20
+    monkeypatch.setattr(proof, "_heap_budget", lambda model_bytes: budget)
+    for broken in ("", "types", "op"):
+        model = _chain(tmp_path / f"m{broken}.onnx", broken=broken)
+        with CheckerRun(True, 1) as run:
+            process = run._process
+            assert process is not None
+            deadline = time.monotonic() + 60
+            while _vm_kib(process.pid, "VmRSS") * 1024 < budget and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _vm_kib(process.pid, "VmRSS") * 1024 >= budget, "the heap was not faulted in"
+            run.check(model)
+            assert run.result() == checker_failure(model)
+
+
+def _peak_kib_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int) -> int:
+    """VmHWM of a checker's process given its path at once, with `budget` and its inference
+    replaced by a wait (so that the process is there to be measured), half a second after its
+    copy was forked (after its imports)."""
+    monkeypatch.setattr(proof, "_heap_budget", lambda model_bytes: budget)
+    run = CheckerRun(True, 1)
+    process = run._process
+    assert process is not None
+    try:
+        run.check(_chain(tmp_path / f"m{budget}.onnx"))
+        deadline = time.monotonic() + 60
+        while run._copy is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert run._copy is not None
+        time.sleep(0.5)  # were it faulting in, 2 GiB would be well under way
+        return _vm_kib(process.pid, "VmHWM")
+    finally:
+        run.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists() or not _glibc(), reason="needs /proc and glibc's mallopt")
+def test_a_path_that_comes_first_stops_the_faulting_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The faulting-in stops as soon as the path comes: here it came before it started (the
+    process was still importing onnx), so a budget of 2 GiB maps less than 64 MiB more than
+    no budget does."""
+    inference = "onnx.shape_inference.infer_shapes_path("
+    assert inference in proof._INFERENCE_PROCESS
+    monkeypatch.setattr(proof, "_INFERENCE_PROCESS",
+                        proof._INFERENCE_PROCESS.replace(inference, "(lambda *a, **k: signal.pause())("))
+    without = _peak_kib_waiting(tmp_path, monkeypatch, 0)
+    assert _peak_kib_waiting(tmp_path, monkeypatch, 2 << 30) < without + (64 << 10)
+
+
+def test_the_heap_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the checker's process takes per byte of the model, bounded by the memory available
+    and 8 GiB; none for a small model, on one CPU, or off Linux."""
+    if not sys.platform.startswith("linux") or not Path("/proc/meminfo").exists():
+        assert proof._heap_budget(10**9) == 0
+        return
+    monkeypatch.setattr(proof.os, "sched_getaffinity", lambda pid: {0, 1})
+    available = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemAvailable:"))
+    size = 20_000_000
+    assert proof._heap_budget(size) == min(size * proof.HEAP_PER_MODEL_BYTE, available // 4)
+    assert proof._heap_budget(10**12) == min(8 << 30, available // 4)
+    assert proof._heap_budget(100_000) == 0  # under one block of 16 MiB
+    monkeypatch.setattr(proof.os, "sched_getaffinity", lambda pid: {0})
+    assert proof._heap_budget(size) == 0  # one CPU: it would take it from the conversion
 
 
 def test_the_cli_refuses_nothing_it_accepted_with_the_separate_checker(tmp_path: Path) -> None:
