@@ -123,8 +123,8 @@ class DecidePass(Pass[Plan]):
         self.cx.fresh.take(fields.names)
         # Bound once: the loop runs once per node of the graph.
         get_template, type_from = templates.get, templates.type_from
-        append, record, record_reads = scope.decisions.append, scope.record, scope.record_reads
-        is_main = scope.parent is None
+        append, record_outputs, record_reads = scope.decisions.append, scope.record_outputs, scope.record_reads
+        nested = scope.parent is not None
         defined_add, tracked_add, tracked = scope.defined.add, scope.tracked.add, scope.tracked
         producer, storage = scope.producer, scope.storage
         no_bodies: list[Scope] = []
@@ -175,9 +175,9 @@ class DecidePass(Pass[Plan]):
             append(decision)
             if children:
                 self._decide_bodies(children, types)
-            if is_main and len(outs) == 1 and outs[0]:
-                # `record` of most main-graph nodes, without the call: one named output, and
-                # the reads of tracked values only when there are any.
+            # What the sweep learns from the node: most have one named output, recorded here
+            # without a call (`Scope.record_outputs` for the others).
+            if len(outs) == 1 and outs[0]:
                 out = outs[0]
                 defined_add(out)
                 producer[out] = decision
@@ -185,10 +185,12 @@ class DecidePass(Pass[Plan]):
                     storage[out] = decision.output_types[0]
                 if decision.source:
                     tracked_add(out)
-                if not tracked.isdisjoint(ins):
-                    record_reads(decision, ins, orig_type)
             else:
-                record(decision, ins, outs, orig_type)
+                record_outputs(decision, outs)
+            # A body reads outer values, which `record_reads` finds; a main-graph node's reads
+            # matter only where it reads a tracked value.
+            if nested or not tracked.isdisjoint(ins):
+                record_reads(decision, ins, orig_type)
         if scope.parent is None:
             for out in scope.graph.output:
                 scope.want(out.name, out.type.tensor_type.elem_type if self.cx.options.keep_io_types else None)

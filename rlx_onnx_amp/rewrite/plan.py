@@ -168,8 +168,10 @@ class Scope:
         if owner is not None and elem is not None:
             owner.wants.setdefault(name, set()).add(elem)
 
-    def _record_outputs(self, decision: NodeDecision, outs: list[str]) -> None:
-        """`record`'s outputs part for a node without exactly one output."""
+    def record_outputs(self, decision: NodeDecision, outs: list[str]) -> None:
+        """What the decide sweep learns from a decided node's outputs: their producer and storage
+        type, and which become tracked (a source's). The sweep records a node of one named
+        output itself, without this call; `record_reads` records its reads."""
         for k, name in enumerate(outs):
             if name:
                 self.defined.add(name)
@@ -179,33 +181,9 @@ class Scope:
         if decision.source and outs and outs[0]:
             self.tracked.add(outs[0])
 
-    def record(
-        self, decision: NodeDecision, ins: list[str], outs: list[str], orig_type: Callable[[str], int | None]
-    ) -> None:
-        """What the decide sweep learns from a decided node: its outputs' producer and storage
-        type, and the types it reads the values whose storage follows their consumers at."""
-        defined, producer, tracked = self.defined, self.producer, self.tracked
-        output_types = decision.output_types
-        if len(outs) == 1:  # most nodes: no loop, no call
-            name = outs[0]
-            if name:
-                defined.add(name)
-                producer[name] = decision
-                if 0 in output_types:
-                    self.storage[name] = output_types[0]
-                if decision.source:
-                    tracked.add(name)
-        else:
-            self._record_outputs(decision, outs)
-        # Which types consumers read a value at matters only for values whose storage
-        # follows their consumers (initializers, sources; see StorePass).
-        if self.parent is None and tracked.isdisjoint(ins):
-            return
-        self.record_reads(decision, ins, orig_type)
-
     def record_reads(self, decision: NodeDecision, ins: list[str], orig_type: Callable[[str], int | None]) -> None:
-        """`record`'s reads part: the types a decided node reads the values whose storage
-        follows their consumers (`tracked`) at."""
+        """The types a decided node reads the values whose storage follows their consumers
+        (`tracked`: initializers, sources; see StorePass) at: only those values' are recorded."""
         defined, tracked = self.defined, self.tracked
         nested = self.parent is not None
         input_types = decision.input_types
