@@ -45,6 +45,7 @@ from rlx_onnx_amp.exits import (
     Terminated,
     fail,
     signal_held_during_commit,
+    signals_deferred,
     stop_handlers,
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths, live_dirs, remove_leftover_dirs
@@ -275,7 +276,10 @@ def _plan_reports(
 
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # A stop signal inside the handler's constructor would leave logging a handler without a
+    # stream, which its atexit flush then trips over (a traceback after "terminated").
+    with signals_deferred():
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
 @click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})

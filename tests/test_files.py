@@ -518,6 +518,40 @@ def test_a_run_removes_the_directories_a_signal_left_without_an_owner(
     assert not list(tmp_path.iterdir()) and kept not in files.live_dirs()
 
 
+_SIGNAL_IN_LOGGING_SETUP = """
+import logging, os, signal, sys
+from rlx_onnx_amp.__main__ import run
+create_lock = logging.Handler.createLock
+signum = getattr(signal, sys.argv[1])
+
+def signalled_create_lock(self):
+    # Inside StreamHandler.__init__: the handler is registered with logging, its stream not set.
+    create_lock(self)
+    if type(self) is logging.StreamHandler:
+        logging.Handler.createLock = create_lock
+        os.kill(os.getpid(), signum)
+
+logging.Handler.createLock = signalled_create_lock
+sys.argv[1:] = sys.argv[2:]
+run()  # as `python -m rlx_onnx_amp` does: the atexit handlers run while the exit's exception lives
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("command", ["convert", "verify"])
+def test_a_signal_while_logging_is_set_up_ends_the_run_cleanly(lay: Layout, signame: str, command: str) -> None:
+    # Found by CI: SIGTERM landing inside logging.basicConfig's handler constructor left a
+    # handler without a stream, and logging's atexit flush printed a traceback after the line.
+    model = lay.inp / "model.onnx"
+    out = lay.out / "o.onnx"
+    args = [model, "-o", out] if command == "convert" else ["verify", model, model, "--provider", "cpu"]
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_IN_LOGGING_SETUP, signame, *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+    word, code = ("terminated", 143) if signame == "SIGTERM" else ("interrupted", 130)
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (code, [f"rlx-amp: error: {word}; nothing written"])
+    assert not out.exists()
+
+
 _COMMIT_STUCK = """
 import sys, time, onnxruntime
 from rlx_onnx_amp.exits import Terminated, signals_deferred, stop_handlers
