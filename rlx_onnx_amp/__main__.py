@@ -51,11 +51,15 @@ NO_ONNXRUNTIME = (
 def run() -> None:
     """The `rlx-amp` command: `main`, then the process ends with its exit code at once."""
     ends_with_os_exit()
+    code: str | int | None = 0
     try:
         main()
     except SystemExit as e:
-        _exit_now(e.code)
-        raise
+        code = e.code
+    # Out of the except block: the exit's exception, and the frames its chain holds (an object a
+    # signal left half-built among them), are gone before the atexit handlers run.
+    _exit_now(code)
+    sys.exit(code)
 
 
 def _exit_now(code: object) -> None:
