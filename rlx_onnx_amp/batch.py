@@ -56,6 +56,7 @@ from rlx_onnx_amp.exits import (
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths, remove_leftover_dirs
 from rlx_onnx_amp.policy import Policy
+from rlx_onnx_amp.proof import stop_checkers
 from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.reports.record import (
     Conversion,
@@ -369,6 +370,7 @@ def _worker_start() -> None:
 def _worker_sigterm(signum: int, frame: object) -> None:
     if _converting:
         raise_terminated(signum, frame)
+    stop_checkers()  # the last model's, killed after its verdict, may not be reaped yet
     os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
 
 
@@ -377,6 +379,7 @@ def _leave_if_stopped() -> None:
     was lost (exits.stop_requested): the parent holds the task queue's lock by then, and a
     worker waiting for it would wait for ever."""
     if stop_requested():
+        stop_checkers()
         os._exit(EXIT_SIGTERM)
 
 
@@ -391,6 +394,7 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         with contextlib.suppress(Terminated):  # but for a signal that cut an owner short
             remove_leftover_dirs()
+            stop_checkers()
         os._exit(EXIT_SIGTERM)
     finally:
         _converting = False

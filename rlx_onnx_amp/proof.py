@@ -35,7 +35,7 @@ from rlx_onnx_amp.exits import add_last_resort
 from rlx_onnx_amp.files import private_dir, remove_private_dir
 from rlx_onnx_amp.reports.conversion import ConversionReport
 
-__all__ = ["SEPARATE_CHECK_NODES", "CheckerRun", "checker_failure", "onnxruntime_failure", "prove"]
+__all__ = ["SEPARATE_CHECK_NODES", "CheckerRun", "checker_failure", "onnxruntime_failure", "prove", "stop_checkers"]
 
 logger = logging.getLogger(__name__)
 
@@ -199,13 +199,23 @@ def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
 #: forked copy (POSIX): stopping it stops both.
 _OWN_GROUP = hasattr(os, "fork") and hasattr(os, "killpg")
 
-#: The checkers' processes that run now: what a watchdog that ends the process kills first.
-_RUNNING: set[subprocess.Popen[bytes]] = set()
+#: The checkers' processes that run now (until reaped), each with its run.
+_RUNNING: dict[subprocess.Popen[bytes], CheckerRun] = {}
 
 
-def _kill_running() -> None:
-    for process in list(_RUNNING):
+def stop_checkers() -> None:
+    """Stop every checker's process this process started (its forked copy first) and reap
+    them, a bounded wait: for a process about to end with os._exit (a watchdog's end, a
+    stopped batch worker), which would otherwise leave them, still dying, to an init that may
+    never reap them."""
+    for process, run in list(_RUNNING.items()):
+        run._stop_copy()
         _kill(process)
+    deadline = time.monotonic() + _RELEASE_S
+    for process in list(_RUNNING):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(0.0, deadline - time.monotonic()))
+        _RUNNING.pop(process, None)
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
@@ -219,7 +229,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
             process.kill()
 
 
-add_last_resort(_kill_running)
+add_last_resort(stop_checkers)
 if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own
     os.register_at_fork(after_in_child=_RUNNING.clear)
 
@@ -268,7 +278,7 @@ class CheckerRun:
             if read_end >= 0:
                 os.close(read_end)
         else:
-            _RUNNING.add(self._process)
+            _RUNNING[self._process] = self
             if read_end >= 0:
                 self._checks = read_end
         finally:
@@ -485,7 +495,7 @@ def _release_opener(fifo: Path) -> None:
 
 def _reap(process: subprocess.Popen[bytes]) -> None:
     process.wait()
-    _RUNNING.discard(process)
+    _RUNNING.pop(process, None)
 
 
 def _release_memory() -> None:

@@ -4,6 +4,7 @@ partial output, no staging and no scratch."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,15 @@ def test_jobs_zero_is_one_per_cpu_and_negative_is_refused(tmp_path: Path) -> Non
     assert rlx(*models, "--out-dir", "out", "--jobs", "0", "-q", cwd=tmp_path).returncode == 0
     refused = rlx(*models, "--out-dir", "out", "--jobs", "-1", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip() == "rlx-amp: error: --jobs must be 0 (one per CPU) or more"
+
+
+def _left(pids: set[int]) -> list[str]:
+    """The /proc stat lines (pid, name, state, parent) of `pids` that still exist, zombies too."""
+    left = []
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            left.append(" ".join(Path(f"/proc/{pid}/stat").read_text().split()[:4]))
+    return left
 
 
 def _children(pid: int) -> set[int]:
@@ -181,7 +191,7 @@ def test_a_worker_inside_a_long_onnxruntime_call_ends_after_the_grace(tmp_path: 
     assert proc.returncode == 143, stderr
     assert waited < STOP_GRACE_S + 3, f"{waited:.1f} s from the signal to the end"
     assert stderr.strip().splitlines()[-1].endswith("the others not at all; no batch report written"), stderr
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the batch"
+    assert not _left(workers), f"a worker or its checker outlived the batch: {_left(workers)}"
     assert [p.name for p in tmp.iterdir() if p.name != ".ses"] == [], "scratch left in TMPDIR"
     assert list(out.iterdir()) == []
 

@@ -166,6 +166,33 @@ def test_close_stops_the_forked_checks_too(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
+def test_stop_checkers_reaps_every_checker_before_the_process_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a process about to end with os._exit runs (a watchdog's end, a stopped batch
+    worker): each checker's process and its copy stopped and reaped when it returns, with
+    their run not closed, so none is left, dying, to an init that may never reap it."""
+    _replace_checks(monkeypatch, lambda checks: "signal.pause()")
+    model = _chain(tmp_path / "m.onnx")
+    runs = [CheckerRun(True), CheckerRun(True)]
+    processes = [run._process for run in runs]
+    assert None not in processes
+    try:
+        for run in runs:
+            run.check(model)
+        deadline = time.monotonic() + 60
+        while any(run._copy is None for run in runs) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert all(run._copy is not None for run in runs), "a copy did not say its process id"
+        proof.stop_checkers()
+        for process in processes:
+            assert process is not None
+            assert process.returncode is not None and process not in proof._RUNNING  # reaped
+            assert _group_members(process.pid, zombies=True) == []  # the copy too, at once
+    finally:
+        for run in runs:
+            run.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
 def test_checks_that_outlast_the_inference_leave_no_zombie(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker's process waits for its forked copy before it ends: were it to end first,
     the copy would end as an orphan, a zombie until an init reaps it (a container's first
