@@ -1,6 +1,6 @@
 """`python -m rlx_onnx_amp` and the `rlx-amp` command.
 
-The signal handlers go in before the heavy imports (onnx, onnxruntime: most of a second), so
+The signal handlers go in before the heavy imports (onnx and the package: half a second), so
 Ctrl-C or SIGTERM at any moment ends the run with one line and its own exit code (130, 143),
 never a traceback or click's "Aborted!" with exit 1, the drift code. During those imports the
 signals are held and acted on right after: an exception raised inside a C extension's
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
@@ -109,6 +110,10 @@ def _main(argv: list[str] | None) -> None:
         with signals_deferred():
             import click
 
+            # Every command needs onnxruntime, which only a verification imports (a conversion
+            # with --no-verify never does): its absence is found here, before any work.
+            if importlib.util.find_spec("onnxruntime") is None:
+                fail(NO_ONNXRUNTIME, EXIT_USAGE)
             try:
                 from rlx_onnx_amp.cli import main as command
             except ModuleNotFoundError as e:

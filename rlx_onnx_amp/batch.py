@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -57,7 +57,6 @@ from rlx_onnx_amp.exits import (
 from rlx_onnx_amp.files import OutputSet, RunPaths, remove_leftover_dirs
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.proof import stop_checkers
-from rlx_onnx_amp.repair import DEFAULT_BUDGET, repair_file
 from rlx_onnx_amp.reports.record import (
     Conversion,
     Failure,
@@ -76,10 +75,11 @@ from rlx_onnx_amp.reports.text import (
     verify_table,
 )
 from rlx_onnx_amp.rewrite import ConvertOptions
-from rlx_onnx_amp.verification import VerifyOptions, verify
-from rlx_onnx_amp.verification.compare import session_threads
 from rlx_onnx_amp.verification.inputs import GuessedAxesError
-from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, session_threads
+
+if TYPE_CHECKING:
+    from rlx_onnx_amp.verification.reference import Reference
 
 __all__ = [
     "ConvertJob",
@@ -144,6 +144,8 @@ class ConvertJob:
             return self._convert(src, dst, outputs, shown or dst)
 
     def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
+        from rlx_onnx_amp.repair import repair_file  # with onnxruntime: not for a conversion alone
+
         s = self.settings
         assert s.verify_options is not None
         report, verified, repaired = repair_file(
@@ -180,6 +182,8 @@ class ConvertJob:
             if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
                 warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
             return ModelResult(conversion, unverified=unverified)
+        from rlx_onnx_amp.verification.core import verify  # with onnxruntime: not for a conversion alone
+
         status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
         with StagedProgress(enabled=not s.quiet) as verify_progress:
             verified = verify(
@@ -201,6 +205,9 @@ class ConvertJob:
         s = self.settings
         if s.verify_options is None:
             return None, None
+        # With onnxruntime, here: a conversion without verification never loads it.
+        from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
+
         with StagedProgress(enabled=not s.quiet) as progress:
             try:
                 return prepare_reference(src, s.verify_options, screen=s.screen, progress=progress), None

@@ -51,7 +51,6 @@ from rlx_onnx_amp.exits import (
 from rlx_onnx_amp.files import OutputSet, RunPaths, live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
-from rlx_onnx_amp.repair import DEFAULT_BUDGET
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
 from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document, report_text
 from rlx_onnx_amp.reports.text import (
@@ -62,9 +61,8 @@ from rlx_onnx_amp.reports.text import (
     verify_table,
 )
 from rlx_onnx_amp.tensors import WeightSource
-from rlx_onnx_amp.verification import InputSpec, VerifyOptions, verify
-from rlx_onnx_amp.verification.inputs import GuessedAxesError, parse_range, parse_shape
-from rlx_onnx_amp.verification.reference import prepare_reference
+from rlx_onnx_amp.verification.inputs import GuessedAxesError, InputSpec, parse_range, parse_shape
+from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 
@@ -537,6 +535,10 @@ def verify_cmd(
     _setup_logging(verbose)
 
     def run() -> int:
+        # The verification (and onnxruntime) is imported where it runs: a conversion with
+        # --no-verify, inspect and merge-reports never load it.
+        from rlx_onnx_amp.verification.core import verify
+
         verify_options = _make_verify_options(**verify_kwargs)
         paths = RunPaths()
         plan_model_reads(paths, reference, "reference model")
@@ -674,6 +676,8 @@ def inspect_cmd(
         if (inputs_path or ranges) and not screen:
             raise InputError(f"{'--inputs' if inputs_path else '--input-range'} needs --screen")
         if screen:
+            from rlx_onnx_amp.verification.reference import prepare_reference  # with onnxruntime
+
             spec = InputSpec(dict(options.shapes), dict(parse_range(r) for r in ranges))
             screen_options = VerifyOptions(provider="cpu", inputs=inputs_path, spec=spec)
             screen_options.check()

@@ -61,13 +61,13 @@ from rlx_onnx_amp.verification.compare import Scratch, VerifyOptions
 from rlx_onnx_amp.verification.core import Judgement, Verification, VerifyReport
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.localize import expose_outputs
+from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
 from rlx_onnx_amp.verification.screen import expose_body_values
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key", "magnitude_screen", "repair_file"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BUDGET = 24
 _FLOAT = onnx.TensorProto.FLOAT
 
 #: A tensor whose non-zero values flush to zero at least this often is an underflow region.

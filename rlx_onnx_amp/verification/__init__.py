@@ -1,14 +1,23 @@
 """Drift verification with onnxruntime: one reference run judging candidates (`Verification`),
-its sessions and emulation, metrics, tolerances, inputs and localization."""
+its sessions and emulation, metrics, tolerances, inputs and localization.
+
+What parsing options needs (`VerifyOptions`, `InputSpec`, tolerances) loads with the package;
+the verification itself, and onnxruntime with it, on first use of its names (PEP 562), so that
+a conversion without verification never imports them."""
 
 from __future__ import annotations
 
-from rlx_onnx_amp.verification.compare import PROVIDERS, VerifyOptions, resolve_provider
-from rlx_onnx_amp.verification.core import Judgement, Verification, VerifyReport, verify
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rlx_onnx_amp.verification.inputs import InputSpec
-from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
-from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.options import PROVIDERS, VerifyOptions, resolve_provider
 from rlx_onnx_amp.verification.tolerance import Tolerance, Tolerances
+
+if TYPE_CHECKING:
+    from rlx_onnx_amp.verification.core import Judgement, Verification, VerifyReport, verify
+    from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
+    from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 
 __all__ = [
     "PROVIDERS",
@@ -27,3 +36,25 @@ __all__ = [
     "resolve_provider",
     "verify",
 ]
+
+#: The names loaded on first use, by the module that defines them.
+_LAZY = {
+    "Judgement": "core",
+    "Verification": "core",
+    "VerifyReport": "core",
+    "verify": "core",
+    "OutputDrift": "metrics",
+    "compare_arrays": "metrics",
+    "Reference": "reference",
+    "ReferenceUnavailable": "reference",
+    "prepare_reference": "reference",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

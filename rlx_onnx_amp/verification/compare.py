@@ -8,12 +8,10 @@ directory (`Scratch`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -27,8 +25,13 @@ from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
-from rlx_onnx_amp.verification.inputs import InputSpec
-from rlx_onnx_amp.verification.tolerance import Tolerances
+from rlx_onnx_amp.verification.options import (
+    PROVIDERS,
+    VerifyOptions,
+    resolve_provider,
+    session_thread_count,
+    session_threads,
+)
 
 __all__ = [
     "PROVIDERS",
@@ -46,64 +49,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROVIDERS: Mapping[str, str] = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "coreml": "CoreMLExecutionProvider",
-}
-_AUTO_ORDER = ("cuda", "coreml", "cpu")
-#: onnxruntime's intra-op threads per session; 0 lets it choose (all cores). Batch workers
-#: (`--jobs`) share the CPUs out (`session_threads`).
-_SESSION_THREADS: ContextVar[int] = ContextVar("session_threads", default=0)
 _F32 = onnx.TensorProto.FLOAT
-
-
-@dataclass
-class VerifyOptions:
-    provider: str = "auto"
-    emulate: bool | None = None  # None: when the provider cannot run low precision faithfully
-    inputs: str | None = None
-    spec: InputSpec = field(default_factory=InputSpec)
-    tolerance: Tolerances = field(default_factory=Tolerances)  # per output; the precision's defaults for the rest
-    localize: bool = False
-    localize_top: int = 10
-    save_inputs: str | None = None
-
-    def check(self, option: Callable[[str], str] = "--{}".format) -> None:
-        """Raise InputError for what makes these options unusable, before any work: no sample
-        to run, a provider onnxruntime here lacks, an inputs file that is not there. `option`
-        spells an option's name as the caller's user gives it (the CLI's `--samples`, the Olive
-        pass's `samples`)."""
-        if self.spec.samples < 1:
-            raise InputError(f"{option('samples')} must be at least 1")
-        resolve_provider(self.provider, option("provider"))
-        if self.inputs is not None and not os.path.exists(self.inputs):
-            raise InputError(f"{option('inputs')}: {self.inputs}: no such file or directory")
-
-
-def resolve_provider(name: str, option: str = "--provider") -> str:
-    """The short name of the provider to use; an unavailable one is an error, never a fallback."""
-    available = ort.get_available_providers()
-    if name == "auto":
-        return next(p for p in _AUTO_ORDER if PROVIDERS[p] in available)
-    if name not in PROVIDERS:
-        raise InputError(f"{option}: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
-    if PROVIDERS[name] not in available:
-        raise InputError(
-            f"{option} {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})"
-        )
-    return name
-
-
-@contextlib.contextmanager
-def session_threads(count: int) -> Iterator[None]:
-    """Every session opened inside the block runs with `count` intra-op threads (0: onnxruntime
-    chooses, all cores): a batch worker's share of the CPUs."""
-    token = _SESSION_THREADS.set(count)
-    try:
-        yield
-    finally:
-        _SESSION_THREADS.reset(token)
 
 
 class Session:
@@ -114,7 +60,7 @@ class Session:
     def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
         opts = ort.SessionOptions()
         opts.log_severity_level = 4  # fatal only: an error reaches the user as one line, from the exception
-        opts.intra_op_num_threads = _SESSION_THREADS.get()
+        opts.intra_op_num_threads = session_thread_count()
         # Prepacking copies every MatMul weight into the CPU kernels' layout when the session is
         # created (5.7 s of a 3.4 GB model's 5.7 s start-up); a verification runs each model on a
         # few input sets only, where unpacked weights, read from the mapped file, cost far less.

@@ -1,0 +1,92 @@
+"""What a verification is asked to do (`VerifyOptions`), the providers it may run on, and the
+onnxruntime threads a session takes: what the CLI parses and a batch sets up, importable
+without onnxruntime, which only a verification (or `resolve_provider`) loads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.verification.inputs import InputSpec
+from rlx_onnx_amp.verification.tolerance import Tolerances
+
+__all__ = [
+    "DEFAULT_BUDGET",
+    "PROVIDERS",
+    "VerifyOptions",
+    "resolve_provider",
+    "session_thread_count",
+    "session_threads",
+]
+
+PROVIDERS: Mapping[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+_AUTO_ORDER = ("cuda", "coreml", "cpu")
+#: onnxruntime's intra-op threads per session; 0 lets it choose (all cores). Batch workers
+#: (`--jobs`) share the CPUs out (`session_threads`).
+_SESSION_THREADS: ContextVar[int] = ContextVar("session_threads", default=0)
+
+#: The candidate evaluations `repair.repair_file` may use unless told otherwise.
+DEFAULT_BUDGET = 24
+
+
+@dataclass
+class VerifyOptions:
+    provider: str = "auto"
+    emulate: bool | None = None  # None: when the provider cannot run low precision faithfully
+    inputs: str | None = None
+    spec: InputSpec = field(default_factory=InputSpec)
+    tolerance: Tolerances = field(default_factory=Tolerances)  # per output; the precision's defaults for the rest
+    localize: bool = False
+    localize_top: int = 10
+    save_inputs: str | None = None
+
+    def check(self, option: Callable[[str], str] = "--{}".format) -> None:
+        """Raise InputError for what makes these options unusable, before any work: no sample
+        to run, a provider onnxruntime here lacks, an inputs file that is not there. `option`
+        spells an option's name as the caller's user gives it (the CLI's `--samples`, the Olive
+        pass's `samples`)."""
+        if self.spec.samples < 1:
+            raise InputError(f"{option('samples')} must be at least 1")
+        resolve_provider(self.provider, option("provider"))
+        if self.inputs is not None and not os.path.exists(self.inputs):
+            raise InputError(f"{option('inputs')}: {self.inputs}: no such file or directory")
+
+
+def resolve_provider(name: str, option: str = "--provider") -> str:
+    """The short name of the provider to use; an unavailable one is an error, never a fallback."""
+    import onnxruntime as ort  # here, not at import: a conversion without verification never needs it
+
+    available = ort.get_available_providers()
+    if name == "auto":
+        return next(p for p in _AUTO_ORDER if PROVIDERS[p] in available)
+    if name not in PROVIDERS:
+        raise InputError(f"{option}: unknown provider {name!r} (known: auto, {', '.join(PROVIDERS)})")
+    if PROVIDERS[name] not in available:
+        raise InputError(
+            f"{option} {name}: onnxruntime here has no {PROVIDERS[name]} (available: {', '.join(available)})"
+        )
+    return name
+
+
+def session_thread_count() -> int:
+    """The intra-op threads a session opened now takes (`session_threads`; 0: all cores)."""
+    return _SESSION_THREADS.get()
+
+
+@contextlib.contextmanager
+def session_threads(count: int) -> Iterator[None]:
+    """Every session opened inside the block runs with `count` intra-op threads (0: onnxruntime
+    chooses, all cores): a batch worker's share of the CPUs."""
+    token = _SESSION_THREADS.set(count)
+    try:
+        yield
+    finally:
+        _SESSION_THREADS.reset(token)
