@@ -110,8 +110,8 @@ def _main(argv: list[str] | None) -> None:
         with signals_deferred():
             import click
 
-            # Every command needs onnxruntime, which only a verification imports (a conversion
-            # with --no-verify never does): its absence is found here, before any work.
+            # Every command needs onnxruntime, imported only where it is used (a verification,
+            # the kernel tables): its absence is found here, before any work.
             if importlib.util.find_spec("onnxruntime") is None:
                 fail(NO_ONNXRUNTIME, EXIT_USAGE)
             try:

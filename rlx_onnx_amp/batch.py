@@ -144,7 +144,7 @@ class ConvertJob:
             return self._convert(src, dst, outputs, shown or dst)
 
     def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
-        from rlx_onnx_amp.repair import repair_file  # with onnxruntime: not for a conversion alone
+        from rlx_onnx_amp.repair import repair_file  # the verification's modules: not for a conversion alone
 
         s = self.settings
         assert s.verify_options is not None
@@ -182,7 +182,7 @@ class ConvertJob:
             if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
                 warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
             return ModelResult(conversion, unverified=unverified)
-        from rlx_onnx_amp.verification.core import verify  # with onnxruntime: not for a conversion alone
+        from rlx_onnx_amp.verification.core import verify  # the verification's modules: not for a conversion alone
 
         status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
         with StagedProgress(enabled=not s.quiet) as verify_progress:
@@ -205,7 +205,7 @@ class ConvertJob:
         s = self.settings
         if s.verify_options is None:
             return None, None
-        # With onnxruntime, here: a conversion without verification never loads it.
+        # The verification's modules, here: a conversion without verification does not load them.
         from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
 
         with StagedProgress(enabled=not s.quiet) as progress:

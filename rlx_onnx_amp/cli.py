@@ -535,8 +535,8 @@ def verify_cmd(
     _setup_logging(verbose)
 
     def run() -> int:
-        # The verification (and onnxruntime) is imported where it runs: a conversion with
-        # --no-verify, inspect and merge-reports never load it.
+        # The verification is imported where it runs: a conversion with --no-verify,
+        # inspect and merge-reports do not load its modules.
         from rlx_onnx_amp.verification.core import verify
 
         verify_options = _make_verify_options(**verify_kwargs)
@@ -676,7 +676,7 @@ def inspect_cmd(
         if (inputs_path or ranges) and not screen:
             raise InputError(f"{'--inputs' if inputs_path else '--input-range'} needs --screen")
         if screen:
-            from rlx_onnx_amp.verification.reference import prepare_reference  # with onnxruntime
+            from rlx_onnx_amp.verification.reference import prepare_reference  # the verification's
 
             spec = InputSpec(dict(options.shapes), dict(parse_range(r) for r in ranges))
             screen_options = VerifyOptions(provider="cpu", inputs=inputs_path, spec=spec)

@@ -2,8 +2,8 @@
 its sessions and emulation, metrics, tolerances, inputs and localization.
 
 What parsing options needs (`VerifyOptions`, `InputSpec`, tolerances) loads with the package;
-the verification itself, and onnxruntime with it, on first use of its names (PEP 562), so that
-a conversion without verification never imports them."""
+the verification itself (sessions, emulation, localization, the reference run) on first use of
+its names (PEP 562), so that a conversion without verification does not import it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a verification is asked to do (`VerifyOptions`), the providers it may run on, and the
 onnxruntime threads a session takes: what the CLI parses and a batch sets up, importable
-without onnxruntime, which only a verification (or `resolve_provider`) loads."""
+without the verification's modules and without onnxruntime (`resolve_provider` imports it)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class VerifyOptions:
 
 def resolve_provider(name: str, option: str = "--provider") -> str:
     """The short name of the provider to use; an unavailable one is an error, never a fallback."""
-    import onnxruntime as ort  # here, not at import: a conversion without verification never needs it
+    import onnxruntime as ort  # here, not at import: parsing options needs no onnxruntime
 
     available = ort.get_available_providers()
     if name == "auto":
