@@ -151,7 +151,7 @@ def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path
     assert proc.returncode in (0, 130 if signum == signal.SIGINT else 143), (proc.returncode, stderr)
     assert "Traceback" not in stderr, stderr
     time.sleep(0.5)
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the batch"
+    assert not _left(workers), f"a worker or its checker outlived the batch: {_left(workers)}"
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "staging left in the output directory"
     assert [p.name for p in tmp.iterdir() if p.name != ".ses"] == [], "scratch left in TMPDIR"
     if proc.returncode != 0:
