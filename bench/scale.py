@@ -319,22 +319,25 @@ def _installed_tree() -> Tree:
     lookup may find a version manager's shim instead: pyenv's runs bash scripts first, about
     0.05 s, which the peers, started as sys.executable, do not pay), its package byte-compiled."""
     script = Path(sys.executable).with_name("rlx-amp")
-    # Byte-compiled first, as the baselines are (`_tree_at`): an editable install's modules
-    # edited since their last .pyc, where nothing writes one (PYTHONDONTWRITEBYTECODE=1), would
-    # be compiled again in every timed run.
+    _byte_compile()
+    return Tree("rlx", [str(script)] if script.is_file() else [sys.executable, "-m", "rlx_onnx_amp"])
+
+
+def _byte_compile(env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    """Byte-compile the rlx_onnx_amp that `env` and `cwd` import, before the timed runs: a fresh
+    worktree has no __pycache__, and an editable install's modules edited since their last .pyc
+    (where nothing writes one: PYTHONDONTWRITEBYTECODE=1) would be compiled again in every run."""
     subprocess.run([sys.executable, "-c", "import compileall, os, rlx_onnx_amp; "
                     "compileall.compile_dir(os.path.dirname(rlx_onnx_amp.__file__), quiet=1)"],
-                   capture_output=True, check=False)
-    return Tree("rlx", [str(script)] if script.is_file() else [sys.executable, "-m", "rlx_onnx_amp"])
+                   env=env, cwd=cwd, capture_output=True, check=False)
 
 
 def _tree_at(label: str, root: Path, cwd: Path) -> Tree:
     """`python3 -m rlx_onnx_amp` with PYTHONPATH=root, started in `cwd` (outside the repo, so the
-    current directory on sys.path imports nothing); fails unless it imports root's package. The
-    package is byte-compiled first: a fresh worktree has no __pycache__, and compiling it inside the
-    first timed run would charge that run."""
+    current directory on sys.path imports nothing); fails unless it imports root's package,
+    byte-compiled first (`_byte_compile`)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "rlx_onnx_amp")], capture_output=True, check=False)
+    _byte_compile(env, cwd)
     proc = subprocess.run([sys.executable, "-c", "import rlx_onnx_amp; print(rlx_onnx_amp.__file__)"], env=env,
                           cwd=cwd, capture_output=True, text=True)
     module = Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else None

@@ -114,12 +114,7 @@ def _main(argv: list[str] | None) -> None:
             # the kernel tables): its absence is found here, before any work.
             if importlib.util.find_spec("onnxruntime") is None:
                 fail(NO_ONNXRUNTIME, EXIT_USAGE)
-            try:
-                from rlx_onnx_amp.cli import main as command
-            except ModuleNotFoundError as e:
-                if e.name != "onnxruntime":
-                    raise
-                fail(NO_ONNXRUNTIME, EXIT_USAGE)
+            from rlx_onnx_amp.cli import main as command
 
         stdout = sys.stdout
         try:

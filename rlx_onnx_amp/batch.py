@@ -401,6 +401,7 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         with contextlib.suppress(Terminated):  # but for a signal that cut an owner short
             remove_leftover_dirs()
+        with contextlib.suppress(Terminated):  # each on its own: a second signal skips neither
             stop_checkers()
         os._exit(EXIT_SIGTERM)
     finally:
