@@ -1,6 +1,6 @@
 """`python -m rlx_onnx_amp` and the `rlx-amp` command.
 
-The signal handlers go in before the heavy imports (onnx and the package: half a second), so
+The signal handlers go in before the heavy imports (onnx, onnxruntime: half a second), so
 Ctrl-C or SIGTERM at any moment ends the run with one line and its own exit code (130, 143),
 never a traceback or click's "Aborted!" with exit 1, the drift code. During those imports the
 signals are held and acted on right after: an exception raised inside a C extension's
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
 import signal
 import sys
@@ -110,9 +109,14 @@ def _main(argv: list[str] | None) -> None:
         with signals_deferred():
             import click
 
-            # Every command needs onnxruntime, imported only where it is used (a verification,
-            # the kernel tables): its absence is found here, before any work.
-            if importlib.util.find_spec("onnxruntime") is None:
+            # Every command needs onnxruntime, a C extension: imported here, with the signals
+            # held (a signal inside its initialization would be "ImportError: initialization
+            # failed"), though the package imports it only where it is used.
+            try:
+                import onnxruntime  # noqa: F401
+            except ModuleNotFoundError as e:
+                if e.name != "onnxruntime":
+                    raise
                 fail(NO_ONNXRUNTIME, EXIT_USAGE)
             from rlx_onnx_amp.cli import main as command
 

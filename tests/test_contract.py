@@ -277,10 +277,14 @@ def test_one_onnxruntime_per_install() -> None:
 
 
 def test_without_onnxruntime_the_command_says_which_extra(tmp_path: Path) -> None:
-    # None in sys.modules: onnxruntime cannot be found (importlib.util.find_spec) nor imported.
     hide = (
-        "import sys\n"
-        "sys.modules['onnxruntime'] = None\n"
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def hidden(name, *a, **k):\n"
+        "    if name.split('.')[0] == 'onnxruntime':\n"
+        "        raise ModuleNotFoundError(\"No module named 'onnxruntime'\", name='onnxruntime')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = hidden\n"
         "from rlx_onnx_amp.__main__ import main\n"
         "main(['demo', 'demo.onnx'])\n"
     )
