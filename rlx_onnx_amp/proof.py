@@ -209,8 +209,7 @@ def stop_checkers() -> None:
     stopped batch worker), which would otherwise leave them, still dying, to an init that may
     never reap them."""
     for process, run in list(_RUNNING.items()):
-        run._stop_copy()
-        _kill(process)
+        run._stop(process)
     deadline = time.monotonic() + _RELEASE_S
     for process in list(_RUNNING):
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -227,6 +226,32 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         else:
             process.kill()
+
+
+def _kill_and_wait_reaped(kill: list[int], wait: list[int]) -> None:
+    """SIGKILL the processes `kill`, then wait (at most `_RELEASE_S`) until every one of
+    `wait` is gone: reaped by its parent, a checker's process, which ignores SIGCHLD and so
+    has its children reaped as they end, even while it is stopped."""
+    for pid in kill:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + _RELEASE_S
+    for pid in wait:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except OSError:  # gone (reaped), or the number is not its own any more
+                break
+            time.sleep(0.0005)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid`, from Linux's /proc (none where it does not list them)."""
+    found: list[int] = []
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += map(int, listing.read_text().split())
+    return found
 
 
 add_last_resort(stop_checkers)
@@ -253,6 +278,7 @@ class CheckerRun:
         self._checks: int | None = None
         self._copy: int | None = None  # the forked copy's process id, once it said it
         self._copy_done = False  # the copy closed its end of the pipe
+        self._forks = False  # the checker's process forks a copy for the checks
         # What the process says (its stdout, read by a thread), the checks' verdict and the
         # FIFO's open, in the order they happen: ("said", bytes), ("checked", bytes) or
         # ("opened", b"").
@@ -281,6 +307,7 @@ class CheckerRun:
             _RUNNING[self._process] = self
             if read_end >= 0:
                 self._checks = read_end
+                self._forks = True
         finally:
             if write_end >= 0:
                 os.close(write_end)  # the process's copy is the only writer: its end is the pipe's
@@ -334,22 +361,22 @@ class CheckerRun:
             self._copy_done = True
         heard.put(("checked", bytes(said)))
 
-    def _stop_copy(self) -> None:
-        """Stop the forked copy and wait (a bounded time) until its parent has reaped it, so
-        that stopping its parent next leaves no zombie for an init that may not reap it."""
-        copy = self._copy
-        if copy is None:
-            return
-        if not self._copy_done:  # still running: its number is its own
+    def _stop(self, process: subprocess.Popen[bytes]) -> None:
+        """Stop the checker's process and its forked copy, the copy first: killed together,
+        the copy could end after its parent, an orphan whose zombie waits for an init that
+        may never reap it (a container's first process often does not)."""
+        if self._copy is not None:
+            copies = [self._copy] if not self._copy_done else []  # done: its number may be another's
+            _kill_and_wait_reaped(copies, [self._copy])
+        elif self._forks and process.returncode is None:
+            # Forked but not named yet (the copy says its number once the checker's process has
+            # imported onnx; it is read once `check` is called): the group is frozen, so its
+            # leader neither forks nor ends, and the leader's children are the copy.
             with contextlib.suppress(OSError):
-                os.kill(copy, signal.SIGKILL)
-        deadline = time.monotonic() + _RELEASE_S
-        while time.monotonic() < deadline:
-            try:
-                os.kill(copy, 0)
-            except OSError:  # gone (reaped), or the number is not its own any more
-                return
-            time.sleep(0.0005)
+                os.killpg(process.pid, signal.SIGSTOP)
+                children = _children(process.pid)
+                _kill_and_wait_reaped(children, children)
+        _kill(process)
 
     def result(self) -> str | None:
         """What `checker_failure(path)` says: the checker's first line, or None when it passes.
@@ -404,8 +431,7 @@ class CheckerRun:
             return
         if process.stdin is not None:
             process.stdin.close()
-        self._stop_copy()
-        _kill(process)  # after the FIFO's open, it serializes and frees the inferred model
+        self._stop(process)  # after the FIFO's open, it serializes and frees the inferred model
         # The threads end with the process's stdout and with the FIFO's open, which this
         # process makes itself, again until it lands (the thread may not wait in it yet); a
         # FIFO that cannot be opened any more (its directory removed under the run) leaves

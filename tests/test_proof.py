@@ -193,6 +193,44 @@ def test_stop_checkers_reaps_every_checker_before_the_process_ends(tmp_path: Pat
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
+@pytest.mark.parametrize("stop", ["stop_checkers", "close"])
+def test_a_copy_not_named_yet_is_stopped_before_its_checker(tmp_path: Path, stop: str) -> None:
+    """A checker stopped before `check` (a watchdog's end while the model converts): its
+    copy has forked but its number is not read yet. It is killed and reaped while its parent
+    still runs, so it cannot end an orphan, a zombie for an init that may never reap it."""
+    run = CheckerRun(True)
+    process = run._process
+    assert process is not None
+    try:
+        deadline = time.monotonic() + 60
+        while not _live_processes(_STAT_PPID, process.pid) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        (copy,) = _live_processes(_STAT_PPID, process.pid)
+        assert run._copy is None  # the case under test: nothing has read its number
+        killed: list[int] = []
+        real_kill = proof._kill
+
+        def kill_after_the_copy(p: subprocess.Popen[bytes]) -> None:
+            # the moment the group is killed: its copy must be gone already, its parent not
+            killed.append(p.pid)
+            assert _live_processes(_STAT_PPID, p.pid, zombies=True) == []
+            assert not Path(f"/proc/{copy}").exists()
+            assert Path(f"/proc/{p.pid}").exists()
+            real_kill(p)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(proof, "_kill", kill_after_the_copy)
+            proof.stop_checkers() if stop == "stop_checkers" else run.close()
+        assert killed == [process.pid]
+        _wait_reaped(process)
+        assert _group_members(process.pid, zombies=True) == []
+    finally:
+        run.close()
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
 def test_checks_that_outlast_the_inference_leave_no_zombie(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker's process waits for its forked copy before it ends: were it to end first,
     the copy would end as an orphan, a zombie until an init reaps it (a container's first
