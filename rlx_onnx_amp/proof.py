@@ -12,6 +12,7 @@ Its verdict is `checker_failure`'s, word for word.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -255,6 +256,9 @@ def _children(pid: int) -> list[int]:
 
 
 add_last_resort(stop_checkers)
+# And at the end of the run: a checker killed after its verdict is reaped by a daemon thread,
+# which the process's end (os._exit) does not wait for.
+atexit.register(stop_checkers)
 if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own
     os.register_at_fork(after_in_child=_RUNNING.clear)
 

@@ -192,6 +192,33 @@ def test_stop_checkers_reaps_every_checker_before_the_process_ends(tmp_path: Pat
             run.close()
 
 
+@pytest.mark.skipif(not proof._OWN_GROUP, reason="needs os.fork")
+def test_a_checker_reaped_beside_the_run_is_reaped_before_the_command_ends(tmp_path: Path) -> None:
+    """After its verdict a checker's process is reaped by a daemon thread (its end waits for its
+    memory to be unmapped); the command ends with os._exit, which waits for no thread: the
+    atexit handlers reap it first, or it would be left, dying, to an init that may never reap
+    it. Here the reaper thread never gets to it; a handler registered before proof's runs
+    after it and says whether the process was reaped."""
+    model = _chain(tmp_path / "m.onnx")
+    script = f"""
+import atexit, os, sys, threading
+seen = {{}}
+atexit.register(lambda: print("reaped" if seen["process"].returncode is not None else "not reaped", flush=True))
+from rlx_onnx_amp import proof
+from rlx_onnx_amp.__main__ import _exit_now
+proof._reap = lambda process: threading.Event().wait()  # a reaper thread that never reaps
+run = proof.CheckerRun(True)
+seen["process"] = run._process
+run.check({str(model)!r})
+assert run.result() is None and run._verdict, "the checker's process gave no verdict"
+assert seen["process"].returncode is None and seen["process"] in proof._RUNNING
+_exit_now(0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "reaped"
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists() or not proof._OWN_GROUP, reason="needs /proc and os.fork")
 @pytest.mark.parametrize("stop", ["stop_checkers", "close"])
 def test_a_copy_not_named_yet_is_stopped_before_its_checker(tmp_path: Path, stop: str) -> None:
