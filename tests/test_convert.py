@@ -185,6 +185,45 @@ def test_constants_convert_like_initializers_and_clamp() -> None:
         assert attr.name == "value" and attr.t.data_type == TensorProto.FLOAT16
 
 
+def test_float_attribute_constants_become_one_low_tensor_attribute() -> None:
+    """A Constant's value_float / value_floats and a ConstantOfShape without a value each become
+    the node's one `value` attribute, a low tensor named after the output, computing the same."""
+    h = onnx.helper
+    model = h.make_model(
+        h.make_graph(
+            [
+                h.make_node("Constant", [], ["a"], name="scalar", value_float=0.5),
+                h.make_node("Constant", [], ["b"], name="vector", value_floats=[1.5, -2.0, 1e-8]),
+                h.make_node("Constant", [], ["shape"], name="shape", value_ints=[3]),
+                h.make_node("ConstantOfShape", ["shape"], ["c"], name="zeros"),
+                h.make_node("Mul", ["x", "a"], ["xa"]),
+                h.make_node("Add", ["xa", "b"], ["xab"]),
+                h.make_node("Add", ["xab", "c"], ["y"]),
+            ],
+            "constants",
+            [h.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+            [h.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        ),
+        opset_imports=[h.make_opsetid("", 17)],
+    )
+    onnx.checker.check_model(model, full_check=True)
+    report = ConversionReport()
+    converted = convert(model, "always-f16", report=report)
+    expected = {"scalar": ([], [0.5]), "vector": ([3], [1.5, -2.0, 0.0]), "zeros": ([1], [0.0])}
+    for name, (dims, values) in expected.items():
+        node = _node(converted, name)
+        assert [a.name for a in node.attribute] == ["value"], name
+        tensor = node.attribute[0].t
+        assert node.attribute[0] == h.make_attribute("value", tensor)  # a tensor and nothing else
+        assert tensor.data_type == TensorProto.FLOAT16
+        assert tensor.name == node.output[0] and list(tensor.dims) == dims
+        assert onnx.numpy_helper.to_array(tensor).reshape(-1).tolist() == values
+    assert report.clamped["b"]["flushed_to_zero"] == 1  # 1e-8 is below f16's smallest value
+    assert [n.attribute[0].ints for n in converted.graph.node if n.name == "shape"] == [[3]]  # integers stay
+    x = {"x": np.array([1.0, -3.0, 0.25], dtype=np.float32)}
+    assert_close(run(model, x), run(converted, x), atol=1e-2, rtol=1e-2)
+
+
 def test_existing_casts_keep_their_to() -> None:
     report = ConversionReport()
     converted = convert(HEALTHY["existing_casts"]().model, "always-f16", report=report)

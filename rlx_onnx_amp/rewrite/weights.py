@@ -32,7 +32,7 @@ class Retyper:
         elem = d.precision.elem_type if d.precision else F32
         if d.source:
             attr_name = SOURCE_VALUE_ATTRIBUTES[node.op_type]
-            self._retype_source(node, attr_name, d.precision, scope)
+            self._retype_source(node, attr_name, d.precision)
             return
         for attr in node.attribute:
             if attr.name in TYPED_TENSOR_ATTRIBUTES.get(node.op_type, ()) and attr.t.data_type == F32 and d.precision:
@@ -48,12 +48,15 @@ class Retyper:
                 attrs[type_attr].i = elem
                 self.cx.edits += 1
 
-    def _retype_source(self, node: NodeProto, attr_name: str, precision: Precision | None, scope: Scope) -> None:
+    def _retype_source(self, node: NodeProto, attr_name: str, precision: Precision | None) -> None:
         assert precision is not None
         self.cx.edits += 1  # an f32 value (the store pass lowers no other) becomes low
-        attrs = {a.name: a for a in node.attribute}
-        if attr_name in attrs and attrs[attr_name].type == onnx.AttributeProto.TENSOR:
-            self._narrow_tensor(attrs[attr_name].t, precision, node.output[0])
+        output = node.output[0]  # the tensor's name and label: read once
+        attributes = node.attribute
+        attrs = {a.name: a for a in attributes}
+        value = attrs.get(attr_name)
+        if value is not None and value.type == onnx.AttributeProto.TENSOR:
+            self._narrow_tensor(value.t, precision, output)
             return
         # value_float(s) or a ConstantOfShape without value (0.0): becomes a typed tensor.
         if "value_float" in attrs:
@@ -62,17 +65,24 @@ class Retyper:
             values, dims = list(attrs["value_floats"].floats), [len(attrs["value_floats"].floats)]
         else:
             values, dims = [0.0], [1]
-        for a in ("value_float", "value_floats", attr_name):
-            if a in attrs:
-                node.attribute.remove(attrs[a])
-        attr = node.attribute.add()  # built in place: make_attribute's checks cost more than the value
+        replaced = [attrs[a] for a in ("value_float", "value_floats", attr_name) if a in attrs]
+        if len(replaced) == len(attributes) == 1:
+            # The node's one attribute (a Constant's): rewritten where it stands, which is where
+            # removing it and adding the tensor would leave the tensor, at half the cost.
+            attr = replaced[0]
+            attr.Clear()
+        else:
+            for old in replaced:
+                attributes.remove(old)
+            attr = attributes.add()  # built in place: make_attribute's checks cost more than the value
         attr.name, attr.type = attr_name, onnx.AttributeProto.TENSOR
-        attr.t.name = node.output[0]
-        attr.t.dims.extend(dims)
+        attr.t.name = output
+        if dims:
+            attr.t.dims.extend(dims)
         if self.batching and 0 < len(values) <= SMALL_TENSOR_ELEMENTS:
-            self._batch(precision).add_values(attr.t, values, node.output[0])
+            self._batch(precision).add_values(attr.t, values, output)
             return
-        self._store_low(attr.t, np.array(values, dtype=np.float32).reshape(dims), precision, node.output[0])
+        self._store_low(attr.t, np.array(values, dtype=np.float32).reshape(dims), precision, output)
 
     def _store_low(self, tensor: TensorProto, values: np.ndarray, precision: Precision, label: str) -> None:
         """Narrow `values` to `precision` (clamped and counted) and store them as `tensor`'s data."""
