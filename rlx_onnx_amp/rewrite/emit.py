@@ -200,7 +200,7 @@ class EmitPass(Pass[Plan]):
             if rename and not rename.keys().isdisjoint(d.outputs):
                 self._rename_outputs(scope, i, d, back)
             if d.precision is not None and (d.source or d.op in _ATTRIBUTE_RETYPED_OPS):
-                self.values.retype_attributes(d, scope)
+                self.values.retype_attributes(d)
             if d.op == "Cast" and not d.domain and len(d.inputs) == 1 and d.inputs[0]:
                 self.cx.casts_removed += _drop_idle_cast(scope, d, idle)
         if not is_main:

@@ -27,7 +27,7 @@ class Retyper:
         self.batching = conversion.sink.stores_inline(2 * SMALL_TENSOR_ELEMENTS)  # narrowed tensors are 16-bit
         self._batches: dict[Precision, NarrowBatch] = {}
 
-    def retype_attributes(self, d: NodeDecision, scope: Scope) -> None:
+    def retype_attributes(self, d: NodeDecision) -> None:
         node = d.node
         elem = d.precision.elem_type if d.precision else F32
         if d.source:
@@ -68,7 +68,7 @@ class Retyper:
         replaced = [attrs[a] for a in ("value_float", "value_floats", attr_name) if a in attrs]
         if len(replaced) == len(attributes) == 1:
             # The node's one attribute (a Constant's): rewritten where it stands, which is where
-            # removing it and adding the tensor would leave the tensor, at half the cost.
+            # removing it and adding the tensor would leave the tensor, with fewer upb calls.
             attr = replaced[0]
             attr.Clear()
         else:
