@@ -16,8 +16,10 @@ lint:
 	$(PYTHON) -m mypy
 
 # The documentation site (mkdocs.yml): a page left out of the navigation or a broken link fails it.
+# Strict for real: --quiet would hide the warnings that --strict counts, so the build's log is kept
+# and shown only when the build fails.
 docs:
-	$(PYTHON) -m mkdocs build --strict --quiet
+	@log=$$($(PYTHON) -m mkdocs build --strict 2>&1) || { printf '%s\n' "$$log" >&2; exit 1; }
 
 test: lint docs
 	$(PYTHON) -m pytest -q

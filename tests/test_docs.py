@@ -6,6 +6,7 @@ written; mkdocs' navigation lists every page; CHANGELOG keeps its form; one vers
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +72,10 @@ def test_readme_quick_start_is_the_real_one() -> None:
     makefile = (REPO / "Makefile").read_text()
     (test_deps,) = re.findall(r"^test: (.*)$", makefile, re.M)
     assert "docs" in test_deps.split()
-    assert "mkdocs build --strict" in re.search(r"^docs:\n((?:\t.*\n)+)", makefile, re.M).group(1)  # type: ignore[union-attr]
+    docs_recipe = re.search(r"^docs:\n((?:\t.*\n)+)", makefile, re.M).group(1)  # type: ignore[union-attr]
+    assert "mkdocs build --strict" in docs_recipe
+    # --quiet hides the warnings --strict counts: with it a broken link builds with exit 0.
+    assert "--quiet" not in docs_recipe and " -q" not in docs_recipe
 
 
 # ---- flags, exit codes -------------------------------------------------------------------------
@@ -123,6 +127,34 @@ def test_mkdocs_navigation_lists_every_page() -> None:
     pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
     assert sorted(nav) == pages
     assert len(nav) == len(set(nav))
+
+
+def _mkdocs_build(root: Path) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]')")
+    # The timeout only guards against a hang: a loaded machine builds the site in seconds.
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(root / "site")],
+                          capture_output=True, text=True, cwd=root, timeout=600)
+
+
+def test_the_docs_build_strictly(tmp_path: Path) -> None:
+    """`make docs`' build of the real tree: no warning, so exit 0."""
+    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(DOCS, tmp_path / "docs")
+    result = _mkdocs_build(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+
+
+def test_a_broken_docs_link_fails_the_build(tmp_path: Path) -> None:
+    """The same build with one link to a page that does not exist fails, and says which link."""
+    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(DOCS, tmp_path / "docs")
+    page = tmp_path / "docs" / "testing.md"
+    page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    result = _mkdocs_build(tmp_path)
+    assert result.returncode != 0, result.stdout + result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+    assert any("testing.md" in line and "no-such-page.md" in line for line in warnings), result.stderr
 
 
 # ---- CHANGELOG and the version -----------------------------------------------------------------
