@@ -30,7 +30,7 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.I
 
 
 def rlx(
-    *args: str | Path, cwd: Path | None = None, timeout: float = 300, subprocess_only: bool = False
+    *args: str | Path, cwd: Path | None = None, timeout: float = 600, subprocess_only: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """Run the command line on ARGS and capture its exit code, stdout and stderr.
 

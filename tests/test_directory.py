@@ -107,7 +107,7 @@ def test_cache_types_must_agree_across_a_directory(tmp_path: Path) -> None:
 
 def _genai_client(directory: Path) -> dict:
     result = subprocess.run([sys.executable, str(REPO / "fixtures" / "genai_client.py"), str(directory)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -242,7 +242,7 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
 
     def client(directory: Path) -> dict:
         ran = subprocess.run([OPTIMUM_PYTHON, str(REPO / "fixtures" / "optimum_client.py"), str(directory), kind],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, ran.stderr[-3000:]
         return json.loads(ran.stdout)
 

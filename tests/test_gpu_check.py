@@ -39,7 +39,7 @@ def test_cpu_mode_runs_end_to_end_on_the_demo(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--provider", "cpu", "--quick", "--skip-pytest", "--repeats", "2",
          "--warmup", "1", "--models", "demo", "--out", str(out)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        capture_output=True, text=True, cwd=REPO, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
@@ -85,7 +85,7 @@ def test_a_model_the_provider_cannot_load_is_a_row_and_exit_1(tmp_path: Path) ->
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--provider", "cpu", "--target", "cuda", "--repeats", "1", "--warmup", "0",
          "--models", "conv_net", "--out", str(out)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        capture_output=True, text=True, cwd=REPO, timeout=600,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr

@@ -193,7 +193,7 @@ def test_a_closed_stdout_ends_quietly(tmp_path: Path, args: tuple[str, ...]) -> 
     os.close(read)  # `| head -0`: the reader is gone before the command writes
     try:
         result = subprocess.run([sys.executable, "-m", "rlx_onnx_amp", *args], stdout=write, stderr=subprocess.PIPE,
-                                text=True, cwd=tmp_path, timeout=300)
+                                text=True, cwd=tmp_path, timeout=600)
     finally:
         os.close(write)
     assert result.returncode == EXIT_SIGPIPE, result.stderr

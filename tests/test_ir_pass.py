@@ -303,7 +303,7 @@ def test_without_onnx_ir_the_import_says_what_to_install() -> None:
 def test_the_example_runs_as_written(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is not installed (pip install 'rlx-onnx-amp[export]')")
     done = subprocess.run([sys.executable, str(REPO / "examples" / "ir_pass.py")], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          cwd=tmp_path, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dynamo export: modified=True" in done.stdout
     assert (tmp_path / "mlp.f16.onnx").exists() and (tmp_path / "mlp.f16.onnx.data").exists()

@@ -46,7 +46,7 @@ def _run_isolated(args: list[str], pythonpath: list[Path | str], cwd: Path) -> s
 def test_wheel_runs_the_quick_start_away_from_the_checkout(dist: dict[str, Path], tmp_path: Path) -> None:
     target = tmp_path / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target", str(target),
-                                str(dist["wheel"])], capture_output=True, text=True, timeout=300)
+                                str(dist["wheel"])], capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr
     assert (target / "rlx_onnx_amp" / "py.typed").is_file()
     work = tmp_path / "work"

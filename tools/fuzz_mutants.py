@@ -939,7 +939,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify-share", type=float, default=0.1, help="Share of mutants converted with --verify.")
     p.add_argument("--keep", action="store_true", help="Keep each mutant's directory (default: removed after it ran).")
     p.add_argument("--summary", action="store_true", help="Print a summary table at the end.")
-    p.add_argument("--timeout", type=float, default=120.0, help="Per-mutant limit in seconds: past it, dump every stack and exit 1.")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="Per-mutant limit in seconds, a hang guard: past it, dump every stack and exit 1.")
     p.add_argument("--strict", action="store_true", help="Exit 1 when a mutant breaks the contract.")
     p.add_argument("--describe", action="store_true", help="Only print the mutants (no CLI runs).")
     p.add_argument("--check-inputs", action="store_true",
