@@ -101,7 +101,10 @@ def test_target_decides_bf16_kernels(model: Path, tmp_path: Path) -> None:
     # CUDA has bf16 MatMul kernels, onnxruntime's CPU provider has none.
     assert reports["cuda"]["by_op"]["MatMul"] == {"bf16": 8}
     assert reports["cpu"]["by_op"]["MatMul"] == {"f32": 8}
-    assert {k["reason"] for k in reports["cpu"]["kept_f32"] if k["op"] == "MatMul"} == {"kernel: no bf16 MatMul-13 kernel on CPUExecutionProvider"}
+    # The rule's code, stable whatever the wording of its reason (which names the provider).
+    kept = [k for k in reports["cpu"]["kept_f32"] if k["op"] == "MatMul"]
+    assert len(kept) == 8 and {k["code"] for k in kept} == {"kernel-table"}, kept
+    assert all("CPUExecutionProvider" in k["reason"] for k in kept), kept
     import onnxruntime as ort
 
     ort.InferenceSession(str(tmp_path / "cpu.onnx"), providers=["CPUExecutionProvider"])  # loads for real
@@ -126,13 +129,15 @@ def test_inspect(model: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]  # nothing written
 
 
-def _bad(tmp_path: Path, *args: str, expect: str, code: int = 2) -> None:
+def _bad(tmp_path: Path, *args: str, expect: str | tuple[str, ...], code: int = 2) -> None:
+    """Exit CODE, one line on stderr holding every key phrase of EXPECT, nothing written."""
     before = sorted(p.name for p in tmp_path.iterdir())
     result = rlx(*args)
     assert result.returncode == code, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert expect in lines[0], lines[0]
+    for phrase in (expect,) if isinstance(expect, str) else expect:
+        assert phrase in lines[0], (phrase, lines[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "a partial output was left"
 
 
@@ -148,7 +153,7 @@ def test_bad_inputs(model: Path, tmp_path: Path) -> None:
     _bad(tmp_path, str(model), "--policy", "custom", "--map", "matmul=f16", "-o", out, expect="unknown kind 'matmul'")
     _bad(tmp_path, str(model), "--target", "tpu", "-o", out, expect="unknown target 'tpu' (known: cpu, cuda)")
     _bad(tmp_path, str(model), "-o", str(tmp_path / "no" / "such" / "dir.onnx"), expect="does not exist")
-    _bad(tmp_path, str(model), "-o", str(model), expect="the output model would overwrite the input model")
+    _bad(tmp_path, str(model), "-o", str(model), expect=(f"{model}:", "would overwrite the input"))
     _bad(tmp_path, str(model), expect="missing -o/--output")
     assert _digest(model) == hashlib.sha256(data).hexdigest()
 
@@ -169,7 +174,7 @@ def test_missing_and_short_external_data(tmp_path: Path) -> None:
     data.write_bytes(content[: len(content) // 3])
     _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="is too short for the tensor")
     data.unlink()
-    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect="external data location 'mlp.onnx.data': no such file")
+    _bad(tmp_path, str(src), "-o", str(tmp_path / "out.onnx"), expect=("'mlp.onnx.data'", "no such file"))
 
 
 def _rlx_on_terminal(*args: str) -> tuple[int, str, str]:
@@ -254,7 +259,7 @@ def test_a_reference_that_cannot_run_on_guessed_axes_says_to_give_their_sizes(tm
     src = _wide_conv(tmp_path / "conv.onnx")
     flag = "--verify" if command == "verify" else "--repair"
     args = (str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), flag, "--provider", "cpu", "-q")
-    _bad(tmp_path, *args, expect="on synthesized inputs whose symbolic axes were guessed (x 1x1x8); give their sizes with --shape")
+    _bad(tmp_path, *args, expect=("axes were guessed", "(x 1x1x8)", "--shape"))
     result = rlx(*args, "--shape", "x:1x1x64")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.onnx").is_file()

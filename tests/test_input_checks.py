@@ -108,8 +108,10 @@ def test_the_synthesis_limit_is_in_bytes_of_the_input_type(monkeypatch: pytest.M
     model = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [x], [x]))
     monkeypatch.setattr(inputs, "MAX_SYNTHESIZED_BYTES", 16)
     assert synthesize(model, InputSpec({"x": (1, 4)}))["x"].nbytes == 16  # at the limit: allowed
-    with pytest.raises(InputError, match=r"input 'x': a synthesized 2x4 float32 tensor would take 32 B, over the 16 B"):
+    with pytest.raises(InputError) as refused:
         synthesize(model, InputSpec({"x": (2, 4)}))
+    for fact in ("input 'x'", "2x4 float32", "32 B", "16 B"):  # the input, its shape and type, its size, the limit
+        assert fact in str(refused.value), (fact, str(refused.value))
 
 
 # ---- --input-range bounds ------------------------------------------------------------------
@@ -144,15 +146,15 @@ def test_a_range_past_the_input_type_is_refused(tmp_path: Path, elem: int, bound
         pytest.param(
             "convert",
             ("--provider", "coreml"),
-            ("--provider coreml: onnxruntime here has no CoreML",),
+            ("--provider coreml:", "no CoreML"),
             marks=pytest.mark.skipif(
                 "CoreMLExecutionProvider" in onnxruntime.get_available_providers(), reason="onnxruntime has CoreML"
             ),
         ),
-        ("convert", ("--inputs", "missing.npz"), ("--inputs: missing.npz: no such file or directory",)),
+        ("convert", ("--inputs", "missing.npz"), ("--inputs: missing.npz:", "no such file")),
         ("verify", ("--samples", "0"), ("--samples must be at least 1",)),
         ("verify", ("--inputs", "missing.npz"), ("--inputs: missing.npz",)),
-        ("inspect", ("--screen", "--inputs", "missing.npz"), ("--inputs: missing.npz: no such file",)),
+        ("inspect", ("--screen", "--inputs", "missing.npz"), ("--inputs: missing.npz:", "no such file")),
     ],
 )
 def test_unusable_verify_options_are_one_line_before_any_work(
@@ -175,7 +177,7 @@ def test_verify_options_check_spells_options_as_told(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match=r"^samples must be at least 1$"):
         VerifyOptions(spec=InputSpec(samples=0)).check(str)
-    with pytest.raises(InputError, match=r"^inputs: x\.npz: no such file or directory$"):
+    with pytest.raises(InputError, match=r"^inputs: x\.npz: no such file"):
         VerifyOptions(inputs="x.npz").check(str)
     VerifyOptions(provider="cpu", inputs=str(_model(tmp_path / "m.onnx", [2]))).check()  # usable: no error
 

@@ -255,9 +255,12 @@ def test_verify_raises_a_postcondition_error_on_drift() -> None:
 
     model = _typed(ir.from_proto(BROKEN_IN_F16["exp_overflow"]().model))
     before = ir.to_proto(model).SerializeToString()
-    with pytest.raises(ir.passes.PostconditionError, match=r"drifts past the tolerances .* on y; the model is left unchanged"):
-        MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"))(model)
-    assert ir.to_proto(model).SerializeToString() == before
+    p = MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"))
+    with pytest.raises(ir.passes.PostconditionError, match=r"\by\b"):  # it names the output that drifts
+        p(model)
+    assert ir.to_proto(model).SerializeToString() == before  # left unchanged
+    assert p.report.verify is not None and p.report.verify["passed"] is False
+    assert [o["name"] for o in p.report.verify["outputs"] if not o["passed"]] == ["y"]
 
 
 def test_verify_passes_a_healthy_model() -> None:
@@ -294,9 +297,9 @@ def test_verify_with_external_weights_runs_the_file_the_checker_read(tmp_path: P
 
 def test_without_onnx_ir_the_import_says_what_to_install() -> None:
     code = "import sys; sys.modules['onnx_ir'] = None\nimport rlx_onnx_amp.ir"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 1
-    assert "ImportError: rlx_onnx_amp.ir needs onnx-ir" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("ImportError: "), done.stderr
     assert "pip install 'rlx-onnx-amp[ir]'" in done.stderr
 
 
