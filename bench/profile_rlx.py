@@ -108,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     _wrap(passes["emit"].EmitPass, "call", "emit (incl. weights)")
     _wrap(weights.Retyper, "convert_initializers", "convert_initializers (read/narrow/write)")
     _wrap(weights.Retyper, "run_batches", "run_batches (small tensors narrowed together)")
-    _wrap(convert.RewrittenModel, "finish", "finish: the report (beside a separate checker)")
+    _wrap(convert.RewrittenModel, "finish", "finish: the report")
     _wrap(proof, "checker_failure", "onnx.checker full_check in this process")
-    _wrap(proof.CheckerRun, "result", "waiting for the checker's verdict")
 
     tm = None
     if args.tracemalloc:

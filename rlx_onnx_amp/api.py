@@ -20,7 +20,7 @@ from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writa
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.proof import SEPARATE_CHECK_NODES, CheckerRun, checker_failure, prove
+from rlx_onnx_amp.proof import checker_failure, prove
 from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, rewrite_model
@@ -228,7 +228,7 @@ def convert(
     report.model = report.model or name
     convert_model(work, resolved, opts, source=source, sink=WeightSink(), report=report)
     if check and work.ByteSize() < PROTOBUF_LIMIT:
-        prove(work, model, report, name, name)  # a path: checked, and loaded, from its file
+        report.proof = prove(work, model, report.target, name, name)  # a path: checked, and loaded, from its file
     elif check:
         logger.info("%s: %d bytes in memory, past what the checker reads: not checked", name, work.ByteSize())
     return work
@@ -330,34 +330,26 @@ def stage_conversion(
         if progress is not None:
             progress(done, total)
 
-    model_bytes = 0  # the input's size, which sizes the heap a separate checker prepares
-    with contextlib.suppress(OSError):
-        model_bytes = src.stat().st_size
     try:
-        with contextlib.ExitStack() as running:
-            # A large graph's checker gets a process of its own now: it starts up while the
-            # model is converted, and checks the written file while the report is filled.
-            separate = check and len(model.graph.node) >= SEPARATE_CHECK_NODES
-            checker = running.enter_context(CheckerRun(separate, model_bytes)) if check else None
-            with contextlib.ExitStack() as rewriting:
-                try:
-                    rewritten = rewriting.enter_context(
-                        rewrite_model(
-                            model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
-                            progress=step, fields=fields,
-                        )
+        with contextlib.ExitStack() as rewriting:
+            try:
+                rewritten = rewriting.enter_context(
+                    rewrite_model(
+                        model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
+                        progress=step, fields=fields,
                     )
-                    del fields  # the plan holds them while it needs them
-                finally:
-                    sink.close()
-                data_names = _write_staged(model, sink, staged_model, outputs, dst, data_name, checker)
-                del sink
-                rewritten.finish()
-            # The rewrite is over and the model, its fields and the plan are freed now, while the
-            # checker's process checks the file, rather than after its verdict.
-            del model, tensors, sizes, rewritten
-            if checker is not None:
-                prove(staged_model, src, report, str(src), str(dst), checker)
+                )
+                del fields  # the plan holds them while it needs them
+            finally:
+                sink.close()
+            data_names = _write_staged(model, sink, staged_model, outputs, dst, data_name)
+            del sink
+            rewritten.finish()
+        # The rewrite is over: the model, its fields and the plan are freed before the checker
+        # parses the written file, so the peak holds one of them, not both.
+        del model, tensors, sizes, rewritten
+        if check:
+            report.proof = prove(staged_model, src, report.target, str(src), str(dst))
     except OSError as e:
         raise InputError(f"{dst}: cannot write output ({e.strerror or e})") from None
     outputs.model_uses(dst, data_names)
@@ -377,10 +369,8 @@ def _write_staged(
     outputs: OutputSet,
     dst: Path,
     data_name: str | None,
-    checker: CheckerRun | None,
 ) -> list[str]:
-    """Write the converted model (and its data file, staged beside it) and hand the file to
-    the checker; the data files' names."""
+    """Write the converted model (and its data file, staged beside it); the data files' names."""
     data_names: list[str] = []
     if isinstance(sink, ExternalSink) and sink.bytes_written:
         name = data_name or content_data_name(dst.name, sink.digest())
@@ -398,9 +388,5 @@ def _write_staged(
     with open(staged_model, "wb") as f:
         f.write(serialized)
         f.flush()
-        # A checker process reads the written bytes from the page cache: it starts before
-        # they reach the disk, which the commit needs, not the check.
-        if checker is not None:
-            checker.check(staged_model)
         os.fsync(f.fileno())
     return data_names

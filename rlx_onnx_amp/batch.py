@@ -5,10 +5,9 @@ terminal.
 
 A worker converts, verifies and commits its model exactly as the parent does alone; the parent
 prints what each printed and gathers the results in input order, so reports, order, output and
-exit code are those of `--jobs 1`. Ctrl-C or SIGTERM stops every worker: each removes its
-staging and scratch (a worker in the middle of a commit finishes it first), and a worker still
-alive 5 s later gets SIGTERM again and SIGKILL after 60 s (`StopWatch`, which reads Linux's
-/proc to signal only this process's own children).
+exit code are those of `--jobs 1`. Ctrl-C or SIGTERM stops every worker (the pool's own
+terminate): each removes its staging and scratch (a worker in the middle of a commit finishes it
+first).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,16 +45,13 @@ from rlx_onnx_amp.exits import (
     EXIT_USAGE,
     Terminated,
     error_line,
+    raise_on_stop,
     raise_stop,
-    raise_terminated,
-    spare_until_exit,
     stop_requested,
-    watch_stops,
     worst_exit_code,
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths, remove_leftover_dirs
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.proof import stop_checkers
 from rlx_onnx_amp.reports.record import (
     Conversion,
     Failure,
@@ -87,7 +82,6 @@ __all__ = [
     "Progress",
     "RunResults",
     "StagedProgress",
-    "StopWatch",
     "WorkerOutcome",
     "convert_directory",
     "invalid_input",
@@ -176,7 +170,6 @@ class ConvertJob:
                 src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
             )
         conversion = Conversion.from_report(staged.report, output=shown)
-        spare_until_exit(staged.report)  # the conversion's result is `conversion` from here on
         self._converted(ModelResult(conversion))
         if reference is None:
             if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
@@ -349,45 +342,23 @@ class WorkerOutcome:
     stderr: str
 
 
-#: How batch workers start: forked where the platform can (instantly, with everything imported;
-#: the parent has opened no onnxruntime session yet, so no thread pool is copied mid-flight),
-#: spawned elsewhere.
+#: Forked where the platform can (at once, all imported; no onnxruntime session open yet).
 START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
-
-#: Whether this worker is converting a model (the SIGTERM handler unwinds it) or waiting for
-#: the next one inside the pool's queue (where an exception would be the pool's traceback).
-_converting = False
-
-
-#: A worker's stop watchdog, for its whole life (`exits.watch_stops`).
-_WORKER_WATCH = contextlib.ExitStack()
+_converting = False  # converting (SIGTERM unwinds) or waiting in the pool's queue (it exits)
 
 
 def _worker_start() -> None:
     """A worker: SIGTERM unwinds a conversion (staging cleaned, a commit finished first) and
-    ends an idle worker at once; SIGINT is left to the parent, which stops every worker with
-    SIGTERM. A worker inside a long C call (onnxruntime opening a large model) ends
-    `STOP_GRACE_S` after the signal with its staging and scratch removed, as unwinding would."""
+    ends an idle worker at once; SIGINT is the parent's, which stops every worker with SIGTERM."""
     signal.signal(signal.SIGTERM, _worker_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_WATCH.enter_context(watch_stops(lambda signum: (None, EXIT_SIGTERM)))
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:
     if _converting:
-        raise_terminated(signum, frame)
-    stop_checkers()  # the last model's, killed after its verdict, may not be reaped yet
+        raise_on_stop(signum, frame)
     os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
-
-
-def _leave_if_stopped() -> None:
-    """A worker told to stop never takes another model, even when the handler's exception
-    was lost (exits.stop_requested): the parent holds the task queue's lock by then, and a
-    worker waiting for it would wait for ever."""
-    if stop_requested():
-        stop_checkers()
-        os._exit(EXIT_SIGTERM)
 
 
 def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, WorkerOutcome]:
@@ -401,18 +372,18 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         with contextlib.suppress(Terminated):  # but for a signal that cut an owner short
             remove_leftover_dirs()
-        with contextlib.suppress(Terminated):  # each on its own: a second signal skips neither
-            stop_checkers()
         os._exit(EXIT_SIGTERM)
     finally:
         _converting = False
-    _leave_if_stopped()
+    # A stop whose exception was lost (`exits.stop_requested`): the worker never takes another
+    # model, as the stopping parent holds the task queue's lock and it would wait for ever.
+    if stop_requested():
+        os._exit(EXIT_SIGTERM)
     return index, WorkerOutcome(result, out.getvalue(), err.getvalue())
 
 
 def _model_bytes(path: str) -> int:
-    """A model's size with the files beside it that its name prefixes (its data): the larger
-    ones are handed out first, so the last worker does not finish alone."""
+    """A model's size with its data files: the larger go first, so no worker finishes alone."""
     p = Path(path)
     try:
         return sum(f.stat().st_size for f in p.parent.iterdir() if f.name.startswith(p.name) and f.is_file())
@@ -421,20 +392,15 @@ def _model_bytes(path: str) -> int:
 
 
 def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) -> list[ModelResult]:
-    """The batch in `workers` processes: each model converted, verified and committed by a
-    worker exactly as `convert_own` does it alone, the largest first; the parent prints what
-    each printed and gathers the results in input order, so reports and exit code are those of
-    --jobs 1. Ctrl-C or SIGTERM stops every worker (each removes its staging, or finishes a
-    commit)."""
+    """The batch in `workers` processes, the largest model first, each as `convert_own` does it;
+    the parent prints what each printed and gathers the results in input order (see the module)."""
     threads = max(1, (os.cpu_count() or 1) // workers)  # onnxruntime shares the CPUs out
     worker_job = ConvertJob(dataclasses.replace(job.settings, session_threads=threads), job.paths)
     results: list[ModelResult] = []
-    context = multiprocessing.get_context(START_METHOD)
     order = sorted(range(len(pairs)), key=lambda i: -_model_bytes(pairs[i][0]))
     tasks = [(i, worker_job, *pairs[i]) for i in order]
     done: dict[int, WorkerOutcome] = {}
-    pool = context.Pool(workers, initializer=_worker_start)
-    worker_pids = [child.pid for child in multiprocessing.active_children() if child.pid is not None]
+    pool = multiprocessing.get_context(START_METHOD).Pool(workers, initializer=_worker_start)
     try:
         for index, outcome in pool.imap_unordered(_worker_convert, tasks):
             if stop_requested():  # a signal whose exception was lost: the batch still stops
@@ -443,56 +409,12 @@ def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) 
             while len(results) in done:  # in input order, as soon as the next one is there
                 results.append(_take(done.pop(len(results))))
         pool.close()
-        # Inside the try: a signal while the workers wind down stops them under the watch too.
-        # Left to the interpreter's exit, the pool's own terminate waits for ever on a worker
-        # blocked on the task queue's lock.
-        pool.join()
+        pool.join()  # inside the try: a signal while the workers wind down stops them too
     except BaseException:
-        with StopWatch(worker_pids):
-            pool.terminate()  # SIGTERM to every worker, then waits for each
-            pool.join()
+        pool.terminate()  # SIGTERM to every worker, then waits for each
+        pool.join()
         raise
     return results
-
-
-class StopWatch(contextlib.AbstractContextManager["StopWatch"]):
-    """While the pool stops its workers: a worker still alive after `resend_s` gets SIGTERM
-    again (once a signal can be lost, see `_leave_if_stopped`), and after `kill_s` SIGKILL,
-    so an interrupted batch always ends. Only processes that are still this process's
-    children are signalled (Linux's /proc says; elsewhere the watch does nothing)."""
-
-    def __init__(self, pids: list[int], resend_s: float = 5.0, kill_s: float = 60.0) -> None:
-        self.pids, self.resend_s, self.kill_s = pids, resend_s, kill_s
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="rlx-amp-stop-watch", daemon=True)
-
-    def __enter__(self) -> StopWatch:
-        if Path("/proc").is_dir():
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-
-    def _watch(self) -> None:
-        waited = 0.0
-        while not self.done.wait(self.resend_s):
-            waited += self.resend_s
-            number = signal.SIGKILL if waited >= self.kill_s else signal.SIGTERM
-            for pid in self.pids:
-                if _is_child(pid):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, number)
-
-
-def _is_child(pid: int) -> bool:
-    """Whether `pid` is a child of this process that has not been reaped (so not a reused pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-    return fields[0] != "Z" and int(fields[1]) == os.getpid()
 
 
 def _take(outcome: WorkerOutcome) -> ModelResult:

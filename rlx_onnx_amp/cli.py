@@ -85,12 +85,12 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
     """Run a command: user errors become one line and their exit code; anything else is a bug
     (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
     the models of a batch are committed one by one, so an interrupt says so."""
-    def stopped(signum: int) -> tuple[str, int]:  # the line and code of a stop, here or from the watchdog
+    def stopped(signum: int) -> tuple[str, int]:  # the line and code of a stop
         word, code = ("interrupted", EXIT_SIGINT) if signum == signal.SIGINT else ("terminated", EXIT_SIGTERM)
         return f"{word}; {_what_was_written(batch)}", code
 
     before = live_dirs()
-    with stop_handlers(stopped):
+    with stop_handlers():
         try:
             code = fn()
         except AmpError as e:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.exits import add_last_resort, raise_stop, signals_deferred, stop_requested
+from rlx_onnx_amp.exits import raise_stop, signals_deferred, stop_requested
 
 try:  # POSIX only: elsewhere commits into one directory are not serialized across processes
     import fcntl
@@ -203,8 +203,7 @@ def check_writable(path: Path, role: str) -> None:
         raise InputError(f"{path}: directory {directory} of the {role} is not writable")
 
 
-#: The staging and scratch directories that exist now: what a watchdog that ends the process
-#: removes (`exits.add_last_resort`).
+#: The staging and scratch directories that exist now (`remove_leftover_dirs`).
 _LIVE_DIRS: set[Path] = set()
 
 
@@ -231,14 +230,10 @@ def live_dirs() -> frozenset[Path]:
 def remove_leftover_dirs(kept: frozenset[Path] = frozenset()) -> None:
     """Remove the staging and scratch directories still there when a run ends, but for
     `kept` (those that were there when it started): each owner removes its own, unless a
-    signal cut short the code between its creation and its `with` block, or its removal. A
-    stop watchdog runs it too, before it ends the process (its thread defers no signal)."""
+    signal cut short the code between its creation and its `with` block, or its removal."""
     with signals_deferred():
         for path in _LIVE_DIRS - kept:
             remove_private_dir(path)
-
-
-add_last_resort(remove_leftover_dirs)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own

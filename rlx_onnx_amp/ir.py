@@ -203,7 +203,7 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
                 raise AmpError(f"{report.model}: the converted model fails onnx.checker ({found}); check=False skips")
             report.proof = "onnx.checker"
         elif proto.ByteSize() < PROTOBUF_LIMIT:  # the input, serialized again only if the output fails
-            prove(proto, lambda: ir.to_proto(model), report, report.model, report.model)
+            report.proof = prove(proto, lambda: ir.to_proto(model), report.target, report.model, report.model)
 
     def _verify(self, model: ir.Model, converted: ir.Model, written: Path | None) -> None:
         """Run both models with onnxruntime, which reads files: the input is saved to a

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -306,8 +305,8 @@ def _run_command(tmp_path: Path, before: str, *argv: str) -> subprocess.Complete
 
 
 def test_the_command_ends_after_atexit_handlers_and_flushed_streams(tmp_path: Path) -> None:
-    # The command skips the interpreter's teardown once its run is over: what an exit must do
-    # still happens (atexit handlers, logging's and the streams' flush) and the code is kept.
+    # What an exit must do happens once the run is over (atexit handlers, logging's and the
+    # streams' flush), and the run's exit code is kept.
     before = "import atexit\natexit.register(lambda: open('atexit-ran', 'w').write('yes') and print('atexit printed'))"
     made = _run_command(tmp_path, before, "demo", "demo.onnx")
     assert made.returncode == 0, made.stderr
@@ -322,65 +321,3 @@ def test_the_command_ends_after_atexit_handlers_and_flushed_streams(tmp_path: Pa
     assert "Casts inserted" in logged.stderr and onnx.load(str(tmp_path / "out.onnx")).graph.node
     failed = _run_command(tmp_path, "", "inspect", "missing.onnx")
     assert failed.returncode == 2 and failed.stderr.strip() == "rlx-amp: error: missing.onnx: no such file"
-
-
-def test_the_command_waits_for_a_thread_that_is_not_a_daemon(tmp_path: Path) -> None:
-    # A caller's own thread still running when the run is over gets the interpreter's exit,
-    # which waits for it, rather than the quick one.
-    before = (
-        "import threading, time\n"
-        "def late():\n    time.sleep(1.0)\n    open('thread-done', 'w').write('yes')\n"
-        "threading.Thread(target=late).start()"
-    )
-    made = _run_command(tmp_path, before, "demo", "demo.onnx")
-    assert made.returncode == 0, made.stderr
-    assert (tmp_path / "thread-done").read_text() == "yes"
-
-
-class _Held:
-    """An object whose life a weak reference can watch."""
-
-
-def test_an_object_is_spared_until_exit_only_where_the_process_ends_with_os_exit(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gc
-    import weakref
-
-    from rlx_onnx_amp import exits
-
-    monkeypatch.setattr(exits, "_spared", None)  # a caller of main(): nothing is held
-    first = _Held()
-    watched = weakref.ref(first)
-    exits.spare_until_exit(first)
-    del first
-    gc.collect()
-    assert watched() is None
-    exits.ends_with_os_exit()  # what rlx-amp's run() says first: the last object is held
-    first, second = _Held(), _Held()
-    watched, watched_second = weakref.ref(first), weakref.ref(second)
-    exits.spare_until_exit(first)
-    exits.spare_until_exit(second)  # frees the first
-    del first, second
-    gc.collect()
-    assert watched() is None and watched_second() is not None
-
-
-def test_the_command_spares_the_conversions_report_until_its_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its free (one path string per node) is needless once the process ends with os._exit.
-    from rlx_onnx_amp import exits
-    from rlx_onnx_amp.__main__ import main
-    from rlx_onnx_amp.reports.conversion import ConversionReport
-
-    source = tmp_path / "demo.onnx"
-    assert rlx("demo", source).returncode == 0
-    monkeypatch.setattr(exits, "_spared", [])  # as after run()'s ends_with_os_exit()
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(SystemExit) as ended:  # in this process, whatever RLX_AMP_TEST_SUBPROCESS says
-            main([str(source), "-o", str(tmp_path / "out.onnx"), "--no-verify", "-q"])
-    finally:
-        for number, handler in handlers.items():  # main leaves the stop signals ignored
-            signal.signal(number, handler)
-    assert ended.value.code == 0
-    (held,) = exits._spared or [None]
-    assert isinstance(held, ConversionReport) and held.output == str(tmp_path / "out.onnx")
-    assert held.nodes_total == len(onnx.load(str(source)).graph.node)

@@ -1,6 +1,7 @@
 """`--jobs N`: a batch converted and verified in worker processes gives the reports, order,
-output and exit code of `--jobs 1`; Ctrl-C (or SIGTERM) stops every worker and leaves no
-partial output, no staging and no scratch."""
+output and exit code of `--jobs 1`; Ctrl-C (or SIGTERM) stops every worker (the pool's own
+terminate) and leaves no partial output, no staging and no scratch. The signal tests wait for
+a state (a line printed, a directory staged, a file written), never for a guessed delay."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 import pytest
 
-from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, mlp_external, relu_chain, write_external
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, mlp_external, write_external
 from tests.helpers import rlx
 
 
@@ -90,6 +93,15 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _wait_for(proc: subprocess.Popen[str], state: Callable[[], bool]) -> bool:
+    """Poll until `state()` holds (True) or the run has ended (False): a state, never a delay."""
+    while not state():
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_a_worker_waits_for_work_ends_it_quietly(tmp_path: Path, signum: int) -> None:
     """One long model and two tiny ones on three workers: the tiny ones are committed while
@@ -105,19 +117,22 @@ def test_a_signal_while_a_worker_waits_for_work_ends_it_quietly(tmp_path: Path, 
         path = inp / f"tiny{k}.onnx"
         onnx.save(HEALTHY["conv_net"]().model, str(path))
         tiny.append(path)
+    # The long model last in input order: the parent prints each tiny one's table once its
+    # worker handed it back (unbuffered), the state in which both workers are idle again.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlx_onnx_amp", str(long_model), *map(str, tiny), "--policy", "always-f16",
+        [sys.executable, "-m", "rlx_onnx_amp", *map(str, tiny), str(long_model), "--policy", "always-f16",
          "--out-dir", str(out), "--verify", "--provider", "cpu", "--jobs", "3"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    deadline = time.monotonic() + 60
-    while not all((out / p.name).exists() for p in tiny) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all((out / p.name).exists() for p in tiny), "the tiny models were never written"
-    time.sleep(0.3)  # the idle workers back in the queue
+    assert proc.stdout is not None
+    printed = ""
+    while not all(p.name in printed for p in tiny):
+        line = proc.stdout.readline()
+        assert line, f"the batch ended before both tiny models were handed back: {proc.wait()}"
+        printed += line
     assert proc.poll() is None and not (out / "long.onnx").exists(), "the long model finished first: nothing tested"
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=600)  # a hang guard, not a measure
     assert proc.returncode == (130 if signum == signal.SIGINT else 143), (proc.returncode, stderr)
     assert "Traceback" not in stderr, stderr
     assert not (out / "long.onnx").exists() and not [p.name for p in out.iterdir() if p.name.startswith(".")]
@@ -140,18 +155,17 @@ def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path
          "--verify", "--provider", "cpu", "--jobs", "2", "--report-json", str(out / "r.json")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
     )
-    deadline = time.monotonic() + 60
-    while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:  # the workers are up
-        time.sleep(0.1)
+    # A state: a model staged in the output directory, so the workers are converting.
+    staged = lambda: any(p.name.startswith(".rlx-amp-stage-") for p in out.iterdir())  # noqa: E731
+    seen = _wait_for(proc, staged)
     workers = _children(proc.pid)
-    assert len(workers) >= 2, "the workers never started"
-    time.sleep(1.5)  # inside the first conversions
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=600)  # a hang guard, not a measure
+    assert seen, f"the batch ended before a model was staged: {proc.returncode} {stderr}"
     assert proc.returncode in (0, 130 if signum == signal.SIGINT else 143), (proc.returncode, stderr)
     assert "Traceback" not in stderr, stderr
-    time.sleep(0.5)
-    assert not _left(workers), f"a worker or its checker outlived the batch: {_left(workers)}"
+    # The pool joined its workers before the parent ended: none is left, not even a zombie.
+    assert not _left(workers), f"a worker outlived the batch: {_left(workers)}"
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "staging left in the output directory"
     assert [p.name for p in tmp.iterdir() if p.name != ".ses"] == [], "scratch left in TMPDIR"
     if proc.returncode != 0:
@@ -163,37 +177,49 @@ def test_a_signal_stops_every_worker_and_leaves_no_partial_output(tmp_path: Path
         onnx.checker.check_model(str(model), full_check=True)
 
 
-def test_a_worker_inside_a_long_onnxruntime_call_ends_after_the_grace(tmp_path: Path) -> None:
-    # Each worker verifies a float16 chain that onnxruntime opens in C for 10+ s; SIGTERM
-    # reaches a worker there, whose handler cannot run: its watchdog removes its staging and
-    # scratch and ends it STOP_GRACE_S later, and the batch ends then (the parent's stop
-    # watch would have waited, then killed it, leaving its scratch behind).
-    from rlx_onnx_amp.exits import STOP_GRACE_S
+class _StuckJob:
+    """A batch job inside what stands for a long C call (onnxruntime opening a large model): its
+    scratch made, the stop signals blocked (no handler runs), until the test makes a file."""
 
-    inp, out, tmp = tmp_path / "in", tmp_path / "out", tmp_path / "tmp"
-    for d in (inp, out, tmp):
-        d.mkdir()
-    models = [inp / f"chain{k}.onnx" for k in range(2)]
-    for path in models:
-        onnx.save(relu_chain(30_000).model, str(path))
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlx_onnx_amp", *map(str, models), "--policy", "always-f16", "--out-dir", str(out),
-         "--provider", "cpu", "--jobs", "2", "-q"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-    )
-    time.sleep(4.0)  # the workers convert (1 s), then open the reference or the candidate
-    workers = _children(proc.pid)
-    signalled = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    waited = time.monotonic() - signalled
-    assert proc.returncode == 143, stderr
-    assert waited < STOP_GRACE_S + 3, f"{waited:.1f} s from the signal to the end"
-    assert stderr.strip().splitlines()[-1].endswith("the others not at all; no batch report written"), stderr
-    assert not _left(workers), f"a worker or its checker outlived the batch: {_left(workers)}"
-    assert [p.name for p in tmp.iterdir() if p.name != ".ses"] == [], "scratch left in TMPDIR"
-    assert list(out.iterdir()) == []
+    def convert_own(self, src: str, dst: str) -> None:
+        from rlx_onnx_amp.files import private_dir
+
+        scratch = private_dir("rlx-amp-stuck-")
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        Path(src).write_text(str(scratch))  # the state the test waits for
+        while not Path(dst).exists():
+            time.sleep(0.002)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _run_stuck_worker(ready: str, go: str) -> None:
+    from rlx_onnx_amp import batch
+
+    batch._worker_start()
+    batch._worker_convert((0, _StuckJob(), ready, go))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
+def test_a_worker_inside_a_long_c_call_ends_once_it_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (the pool's terminate) reaches a worker whose handler cannot run yet: once the
+    call returns the worker removes its scratch and ends with 143, so the batch ends."""
+    import multiprocessing
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / "tmp").mkdir()
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    child = multiprocessing.get_context("fork").Process(target=_run_stuck_worker, args=(str(ready), str(go)))
+    child.start()
+    while not ready.exists() or not ready.read_text():  # a state: the scratch made, the call begun
+        assert child.exitcode is None, f"the worker ended first: {child.exitcode}"
+        time.sleep(0.002)
+    assert Path(ready.read_text()).is_dir()
+    child.terminate()
+    go.touch()  # the call returns
+    child.join(timeout=600)  # a hang guard, not a measure
+    assert child.exitcode == 143
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_shards_merged_equal_one_batch(tmp_path: Path) -> None:
@@ -277,28 +303,6 @@ def test_no_commit_after_a_lost_stop(tmp_path: Path, signum: int, raised: type[B
     finally:
         request_stop(None)
     assert list(tmp_path.iterdir()) == []  # nothing moved, the staging removed
-
-
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to tell a child from a reused pid")
-def test_the_stop_watch_ends_a_worker_that_ignores_sigterm() -> None:
-    """A worker that never acts on SIGTERM (its signal lost while it waits) is sent SIGTERM
-    again and then SIGKILL, so an interrupted batch always ends."""
-    import multiprocessing
-
-    from rlx_onnx_amp.batch import StopWatch
-
-    context = multiprocessing.get_context("fork")
-    child = context.Process(target=_ignore_sigterm_and_sleep)
-    child.start()
-    assert child.pid is not None
-    with StopWatch([child.pid], resend_s=0.2, kill_s=1.0):
-        child.join(timeout=60)
-    assert child.exitcode == -signal.SIGKILL
-
-
-def _ignore_sigterm_and_sleep() -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    time.sleep(120)
 
 
 def test_sessions_opened_inside_session_threads_get_that_many_threads(tmp_path: Path) -> None:
