@@ -120,13 +120,14 @@ if str(REPO) not in sys.path:
 
 from fixtures import export_transformers  # noqa: E402
 from fixtures.make_fixtures import HEALTHY  # noqa: E402
-from rlx_onnx_amp import POLICY_NAMES, ConversionReport, VerifyOptions, convert_file, verify  # noqa: E402
+from rlx_onnx_amp import POLICY_NAMES, VerifyOptions, convert_file, verify  # noqa: E402
 from rlx_onnx_amp.errors import first_line  # noqa: E402
+from rlx_onnx_amp.reports.record import Verification  # noqa: E402
 from rlx_onnx_amp.types import concrete_input_shape  # noqa: E402
-from rlx_onnx_amp.verification import PROVIDERS, InputSpec, VerifyReport  # noqa: E402
+from rlx_onnx_amp.verification import PROVIDERS, InputSpec  # noqa: E402
 from rlx_onnx_amp.verification.inputs import synthesize  # noqa: E402
 
-POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p not in ("always-f32", "custom"))
+POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p not in ("always-f32", "custom", "auto"))
 BATCHES: tuple[int, ...] = (1, 16)
 DEMO_PATH = REPO / "fixtures" / "models" / "demo_transformer.onnx"
 FIXTURE_MODELS: tuple[str, ...] = ("conv_net", "transformer_block", "demo")
@@ -408,7 +409,7 @@ def _finite(x: float | None) -> float | None:
     return x if x is None or np.isfinite(x) else None
 
 
-def drift_summary(report: VerifyReport) -> dict[str, Any]:
+def drift_summary(report: Verification) -> dict[str, Any]:
     return {
         "passed": report.passed,
         "precision": report.precision,
@@ -460,15 +461,14 @@ def convert_one(model: Model, policy: str, settings: Settings) -> tuple[Path | N
     """Convert `model` under `policy` for the provider; (path, summary) or (None, {"error": ...})."""
     assert model.path is not None
     out = model.path.parent / f"{model.name}.{policy}.onnx"
-    report = ConversionReport()
     start = time.perf_counter()
     try:
-        convert_file(model.path, out, policy, report=report, target=settings.target)
+        report = convert_file(model.path, out, policy, target=settings.target)
     except Exception as e:
         return None, {"error": f"{type(e).__name__}: {first_line(e, 400)}"}
     return out, {
         "seconds": round(time.perf_counter() - start, 3),
-        "nodes": dict(report.by_precision),
+        "nodes": dict(report.nodes.by_precision),
         "casts_inserted": report.casts_inserted,
         "kept_f32": len(report.kept_f32),
         "target": settings.target,

@@ -23,7 +23,7 @@ repository (and with the cwd there, so neither tree shadows the import):
 
 BASE is a checkout of the previous release (default /tmp/base). Per model it reports: old
 verify passed, new verify passed, the new exit code, the low-precision nodes (report
-`nodes.by_precision`, f16 + bf16) old and new and their ratio, and the new kept nodes by rule
+`nodes.nodes.by_precision`, f16 + bf16) old and new and their ratio, and the new kept nodes by rule
 code (report `by_rule`, the codes that are not in the old report). A model that converts healthy
 today (old --verify passes) should keep at least 95% of its low-precision nodes; every such
 model under 95% is listed with the nodes the new rules kept (`kept_f32[]`: node, op, code,

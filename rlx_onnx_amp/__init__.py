@@ -14,6 +14,9 @@ if TYPE_CHECKING:
         convert as convert,
     )
     from rlx_onnx_amp.api import (
+        convert_and_report as convert_and_report,
+    )
+    from rlx_onnx_amp.api import (
         convert_file as convert_file,
     )
     from rlx_onnx_amp.api import (
@@ -39,7 +42,8 @@ if TYPE_CHECKING:
     from rlx_onnx_amp.policy import Policy as Policy
     from rlx_onnx_amp.policy import policy_from_name as policy_from_name
     from rlx_onnx_amp.precision import Precision as Precision
-    from rlx_onnx_amp.reports.conversion import ConversionReport as ConversionReport
+    from rlx_onnx_amp.reports.record import Conversion as Conversion
+    from rlx_onnx_amp.reports.record import ModelResult as ModelResult
     from rlx_onnx_amp.rewrite import ConvertOptions as ConvertOptions
     from rlx_onnx_amp.taxonomy import OpKind as OpKind
 
@@ -48,7 +52,7 @@ _HOMES = {
     "write_demo": "api",
     "verify": "verification",
     "VerifyOptions": "verification",
-    "VerifyReport": "verification",
+    "Verification": "reports.record",
     "convert_file": "api",
     "load_model": "api",
     "make_options": "api",
@@ -62,7 +66,9 @@ _HOMES = {
     "Policy": "policy",
     "policy_from_name": "policy",
     "Precision": "precision",
-    "ConversionReport": "reports.conversion",
+    "Conversion": "reports.record",
+    "ModelResult": "reports.record",
+    "convert_and_report": "api",
     "OpKind": "taxonomy",
 }
 

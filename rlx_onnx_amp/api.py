@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import stat
@@ -22,7 +23,7 @@ from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.proof import checker_failure, prove
 from rlx_onnx_amp.ranges import ValueRange
-from rlx_onnx_amp.reports.conversion import ConversionReport
+from rlx_onnx_amp.reports.record import ByteCounts, Conversion
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, rewrite_model
 from rlx_onnx_amp.rewrite.convert import gc_paused
 from rlx_onnx_amp.taxonomy import OpKind
@@ -33,6 +34,7 @@ __all__ = [
     "StagedModel",
     "checker_failure",
     "convert",
+    "convert_and_report",
     "convert_file",
     "load_model",
     "make_options",
@@ -181,6 +183,13 @@ def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -
     _plan_external_reads(paths, Path(path), _load(path, False).tensors, role)
 
 
+def _file_bytes(model_path: Path, tensors: Iterable[onnx.TensorProto]) -> int:
+    """A model file's bytes and those of the external data files it reads."""
+    source = WeightSource(model_path.parent, str(model_path))
+    files = {source.external_path(t) for t in tensors if is_external(t)}
+    return model_path.stat().st_size + sum(Path(f).stat().st_size for f in files)
+
+
 def _plan_external_reads(paths: RunPaths, model_path: Path, tensors: Iterable[onnx.TensorProto], role: str) -> None:
     source = WeightSource(model_path.parent, str(model_path))
     for tensor in tensors:
@@ -193,13 +202,26 @@ def convert(
     policy: Policy | str = "auto-mixed",
     *,
     kind_map: KindMap | None = None,
-    report: ConversionReport | None = None,
     options: ConvertOptions | None = None,
     check: bool = True,
     **option_kwargs: object,
 ) -> ModelProto:
     """Return a mixed-precision copy of `model` (a ModelProto or a path); the input is never
-    modified. Pass `report=ConversionReport()` to receive the conversion report.
+    modified. `convert_and_report` returns what the conversion did beside it."""
+    return convert_and_report(model, policy, kind_map=kind_map, options=options, check=check, **option_kwargs)[0]
+
+
+def convert_and_report(
+    model: ModelProto | str | os.PathLike[str],
+    policy: Policy | str = "auto-mixed",
+    *,
+    kind_map: KindMap | None = None,
+    options: ConvertOptions | None = None,
+    check: bool = True,
+    **option_kwargs: object,
+) -> tuple[ModelProto, Conversion]:
+    """A mixed-precision copy of `model` (a ModelProto or a path), the input never modified,
+    and the record of what the conversion did (`reports.record.Conversion`).
 
     With `check` (the default) the result is proven as the CLI proves what it writes (`prove`:
     onnx's full checker, or onnxruntime for an input the checker refuses): an input the
@@ -224,14 +246,13 @@ def convert(
         work = load_model(model, load_external_data=True)
         name = str(model)
         source = WeightSource(Path(model).parent, name)
-    report = report if report is not None else ConversionReport()
-    report.model = report.model or name
-    convert_model(work, resolved, opts, source=source, sink=WeightSink(), report=report)
+    record = convert_model(work, resolved, opts, source=source, sink=WeightSink(), label=name)
+    proof = None
     if check and work.ByteSize() < PROTOBUF_LIMIT:
-        report.proof = prove(work, model, report.target, name, name)  # a path: checked, and loaded, from its file
+        proof = prove(work, model, record.target, name, name)  # a path: checked, and loaded, from its file
     elif check:
         logger.info("%s: %d bytes in memory, past what the checker reads: not checked", name, work.ByteSize())
-    return work
+    return work, dataclasses.replace(record, model=name, proof=proof)
 
 
 def convert_file(
@@ -243,10 +264,9 @@ def convert_file(
     options: ConvertOptions | None = None,
     data_name: str | None = None,
     check: bool = True,
-    report: ConversionReport | None = None,
     progress: Callable[[int, int], None] | None = None,
     **option_kwargs: Any,
-) -> ConversionReport:
+) -> Conversion:
     """Convert a model file to `output_path`, streaming weights stored as external data.
 
     The output appears only when it is complete and passes the checker, and replaces an
@@ -267,11 +287,10 @@ def convert_file(
             options=options_from(options, option_kwargs),
             data_name=data_name,
             check=check,
-            report=report,
             progress=progress,
         )
         outputs.commit()
-    return staged.report
+    return staged.conversion
 
 
 @dataclass
@@ -279,7 +298,7 @@ class StagedModel:
     """A converted model written to its staging directory, not yet in place."""
 
     path: Path  # where it can be read now (its data file beside it); commit moves it into place
-    report: ConversionReport
+    conversion: Conversion
 
 
 @gc_paused()  # what it builds is freed by reference counting; a collection would walk it all
@@ -294,7 +313,6 @@ def stage_conversion(
     options: ConvertOptions | None = None,
     data_name: str | None = None,
     check: bool = True,
-    report: ConversionReport | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> StagedModel:
     """Convert a model file into `outputs`' staging area; `commit` puts it at `output_path`.
@@ -313,12 +331,11 @@ def stage_conversion(
     check_writable(dst, "output model")
     model, tensors, sizes, fields = _load(src, False, read_fields=True)
     _plan_external_reads(paths, src, tensors, "input model")
+    bytes_before = _file_bytes(src, tensors)
     paths.check()
     source = WeightSource(src.parent, str(src))
     outputs.protect(paths.protected())
     external = any(is_external(t) for t in tensors) or sum(sizes) > EXTERNAL_THRESHOLD
-    report = report if report is not None else ConversionReport()
-    report.model, report.output = str(src), str(dst)
     staged_model = outputs.stage(dst, OutputSet.MODEL)
     stage = staged_model.parent
     sink: WeightSink = ExternalSink(stage / ".data.partial", data_name or ".data.partial") if external else WeightSink()
@@ -335,31 +352,39 @@ def stage_conversion(
             try:
                 rewritten = rewriting.enter_context(
                     rewrite_model(
-                        model, resolved, options or ConvertOptions(), source=source, sink=sink, report=report,
-                        progress=step, fields=fields,
+                        model, resolved, options or ConvertOptions(), source=source, sink=sink,
+                        progress=step, fields=fields, label=str(src),
                     )
                 )
                 del fields  # the plan holds them while it needs them
             finally:
                 sink.close()
-            data_names = _write_staged(model, sink, staged_model, outputs, dst, data_name)
+            data_names, bytes_after = _write_staged(model, sink, staged_model, outputs, dst, data_name)
             del sink
-            rewritten.finish()
+            record = rewritten.finish()
         # The rewrite is over: the model, its fields and the plan are freed before the checker
         # parses the written file, so the peak holds one of them, not both.
         del model, tensors, sizes, rewritten
+        proof = None
         if check:
-            report.proof = prove(staged_model, src, report.target, str(src), str(dst))
+            proof = prove(staged_model, src, record.target, str(src), str(dst))
     except OSError as e:
         raise InputError(f"{dst}: cannot write output ({e.strerror or e})") from None
     outputs.model_uses(dst, data_names)
-    report.data_files = data_names
+    record = dataclasses.replace(
+        record,
+        model=str(src),
+        output=str(dst),
+        data_files=tuple(data_names),
+        proof=proof,
+        file_bytes=ByteCounts(bytes_before, bytes_after),
+    )
     if logger.isEnabledFor(logging.INFO):
-        for kept in report.kept_f32:
+        for kept in record.kept_f32:
             logger.info("kept f32: %s (%s, path %s): %s", kept.node, kept.op, kept.path, kept.reason)
-        logger.info("%d Casts inserted, %d nodes kept f32", report.casts_inserted, len(report.kept_f32))
+        logger.info("%d Casts inserted, %d nodes kept f32", record.casts_inserted, len(record.kept_f32))
     logger.info("converted %s (staged as %s)", dst, staged_model)
-    return StagedModel(staged_model, report)
+    return StagedModel(staged_model, record)
 
 
 def _write_staged(
@@ -369,13 +394,17 @@ def _write_staged(
     outputs: OutputSet,
     dst: Path,
     data_name: str | None,
-) -> list[str]:
-    """Write the converted model (and its data file, staged beside it); the data files' names."""
+) -> tuple[list[str], int]:
+    """Write the converted model (and its data file, staged beside it); the data files' names,
+    and the bytes written, data files included."""
     data_names: list[str] = []
+    written = 0
     if isinstance(sink, ExternalSink) and sink.bytes_written:
         name = data_name or content_data_name(dst.name, sink.digest())
         sink.relocate(name)
-        os.replace(sink.path, outputs.stage(dst.parent / name, OutputSet.DATA))
+        staged_data = outputs.stage(dst.parent / name, OutputSet.DATA)
+        os.replace(sink.path, staged_data)
+        written += staged_data.stat().st_size
         data_names.append(name)
     elif isinstance(sink, ExternalSink):
         sink.path.unlink()
@@ -389,4 +418,4 @@ def _write_staged(
         f.write(serialized)
         f.flush()
         os.fsync(f.fileno())
-    return data_names
+    return data_names, written + len(serialized)

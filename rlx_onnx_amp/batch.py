@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from rlx_onnx_amp.directory import (
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import (
     EXIT_INTERNAL,
+    EXIT_LOW_GAIN,
     EXIT_SIGTERM,
     EXIT_UNVERIFIED,
     EXIT_USAGE,
@@ -55,9 +57,8 @@ from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.reports.record import (
     Conversion,
     Failure,
+    Gate,
     ModelResult,
-    Repair,
-    Verification,
     batch_json,
     report_document,
 )
@@ -65,6 +66,8 @@ from rlx_onnx_amp.reports.text import (
     conversion_markdown,
     conversion_table,
     failed_verdict,
+    gain_line,
+    latency_line,
     repair_summary,
     verify_markdown,
     verify_table,
@@ -109,6 +112,8 @@ class JobSettings:
     #: workers share the CPUs out.
     session_threads: int = 0
     export_dir: bool = False  # the models of an export directory (`convert_directory`)
+    #: --min-low-share: the least share of the written model's MACs in low precision (exit 5 below it).
+    min_low_share: float | None = None
 
 
 class ConvertJob:
@@ -134,15 +139,33 @@ class ConvertJob:
         the reports name (a directory's file, staged elsewhere until the directory is whole)."""
         with session_threads(self.settings.session_threads):
             if self.settings.repair:
-                return self._repair(src, dst, outputs, shown or dst)
-            return self._convert(src, dst, outputs, shown or dst)
+                result = self._repair(src, dst, outputs, shown or dst)
+            else:
+                result = self._convert(src, dst, outputs, shown or dst)
+        return self._gated(result)
+
+    def _gated(self, result: ModelResult) -> ModelResult:
+        """The result with its `--min-low-share` verdict; one line when it falls short."""
+        least = self.settings.min_low_share
+        if least is None or result.conversion is None:
+            return result
+        cost = result.conversion.cost
+        share = cost.mac_low_share if cost is not None else None
+        gate = Gate(least, share, share is not None and share >= least)
+        if not gate.passed:
+            kept = "an unknown share" if share is None else f"{share:.1%}"
+            warn(
+                f"{result.conversion.output}: keeps {kept} of its multiply-accumulates in low precision, under "
+                f"--min-low-share {least:g} (exit {EXIT_LOW_GAIN}; written)"
+            )
+        return dataclasses.replace(result, gate=gate)
 
     def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
         from rlx_onnx_amp.repair import repair_file  # the verification's modules: not for a conversion alone
 
         s = self.settings
         assert s.verify_options is not None
-        report, verified, repaired = repair_file(
+        conversion, verified, repaired = repair_file(
             src,
             dst,
             s.policy,
@@ -154,8 +177,7 @@ class ConvertJob:
             paths=self.paths,
             progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
         )
-        conversion = Conversion.from_report(report, output=shown)
-        result = ModelResult(conversion, Verification.from_report(verified), Repair.from_report(repaired))
+        result = ModelResult(dataclasses.replace(conversion, output=shown), verified, repaired)
         self._converted(result)
         return result
 
@@ -163,13 +185,17 @@ class ConvertJob:
         s = self.settings
         reference, unverified = self._reference(src)
         options = s.options
-        if reference is not None and reference.value_ranges:
-            options = dataclasses.replace(options, value_ranges=reference.value_ranges)
+        if reference is not None:
+            # The MACs are counted at the shapes the verification runs (`--shape` first).
+            run_shapes = {k: tuple(v.shape) for k, v in reference.samples[0].items()}
+            options = dataclasses.replace(
+                options, value_ranges=reference.value_ranges, shapes={**run_shapes, **options.shapes}
+            )
         with Progress(f"converting {Path(src).name}", enabled=not s.quiet) as progress:
             staged = stage_conversion(
                 src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
             )
-        conversion = Conversion.from_report(staged.report, output=shown)
+        conversion = dataclasses.replace(staged.conversion, output=shown)
         self._converted(ModelResult(conversion))
         if reference is None:
             if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
@@ -188,7 +214,7 @@ class ConvertJob:
                 outputs=outputs,
                 prepared=reference,
             )
-        result = ModelResult(conversion, Verification.from_report(verified))
+        result = ModelResult(conversion, verified)
         self._verified(result)
         return result
 
@@ -231,6 +257,9 @@ class ConvertJob:
         self._warn_idle(result.conversion)
         if not self.settings.quiet:
             click.echo(conversion_table(result.conversion))
+            gain = gain_line(result.conversion)
+            if gain:
+                click.echo(gain)
             self._hint(result.conversion)
             if result.repair is not None:
                 click.echo(repair_summary(result.repair))
@@ -241,6 +270,9 @@ class ConvertJob:
         assert result.verify is not None
         if not self.settings.quiet:
             click.echo(verify_table(result.verify, verbose=self.settings.verbose > 0))
+            latency = latency_line(result.verify, result.conversion.target if result.conversion else None)
+            if latency:
+                click.echo(latency)
         elif not result.verify.passed:  # -q still says that something failed, in one line
             click.echo(failed_verdict(result.verify))
 
@@ -346,6 +378,7 @@ class WorkerOutcome:
 START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 _converting = False  # converting (SIGTERM unwinds) or waiting in the pool's queue (it exits)
+STOP_GRACE_S = 10.0  # how long a stopped batch waits for its workers before it kills them
 
 
 def _worker_start() -> None:
@@ -411,10 +444,23 @@ def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) 
         pool.close()
         pool.join()  # inside the try: a signal while the workers wind down stops them too
     except BaseException:
-        pool.terminate()  # SIGTERM to every worker, then waits for each
-        pool.join()
+        # SIGTERM to every worker, then a wait for each; one stuck past the grace (a lock a
+        # killed worker held, a long C call) gets SIGKILL, so a stopped batch always ends.
+        killer = threading.Timer(STOP_GRACE_S, _kill_workers)
+        killer.daemon = True
+        killer.start()
+        try:
+            pool.terminate()
+            pool.join()
+        finally:
+            killer.cancel()
         raise
     return results
+
+
+def _kill_workers() -> None:
+    for worker in multiprocessing.active_children():
+        worker.kill()
 
 
 def _take(outcome: WorkerOutcome) -> ModelResult:

@@ -50,9 +50,10 @@ from rlx_onnx_amp.exits import (
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths, live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.inspect import inspect_model
-from rlx_onnx_amp.policy import POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
+from rlx_onnx_amp.policy import AUTO, POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
+from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
-from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document, report_text
+from rlx_onnx_amp.reports.record import ModelResult, report_document, report_text
 from rlx_onnx_amp.reports.text import (
     compare_policies_table,
     failed_verdict,
@@ -122,7 +123,7 @@ def _what_was_written(batch: bool = False) -> str:
     return "nothing written"
 
 
-def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
+def _policy(policy: str, map_text: str | None, map_file: str | None, low: str = "f16") -> Policy:
     kind_map = None
     if map_text and map_file:
         raise InputError("give --map or --map-file, not both")
@@ -130,7 +131,7 @@ def _policy(policy: str, map_text: str | None, map_file: str | None) -> Policy:
         kind_map = parse_kind_map(map_text)
     elif map_file:
         kind_map = load_kind_map_file(Path(map_file))
-    return policy_from_name(policy, kind_map)
+    return policy_from_name(policy, kind_map, Precision(low))
 
 
 def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -142,6 +143,13 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         help="Execution provider the model is meant for: a node without an onnxruntime kernel there "
         "for its low precision stays f32 (bf16 needs this: onnxruntime's CPU provider has few bf16 kernels).",
     )(f)
+    f = click.option(
+        "--low",
+        default="f16",
+        show_default=True,
+        type=click.Choice(["f16", "bf16"]),
+        help="The low precision --policy auto searches with (bf16 where the target runs it).",
+    )(f)
     f = click.option("--map-file", "map_file", metavar="FILE", help="JSON or TOML kind map for --policy custom.")(f)
     f = click.option(
         "--map", "map_text", metavar="KIND=P,...", help="Kind map for --policy custom, e.g. compute=f16,reduction=f32."
@@ -152,7 +160,8 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         default="auto-mixed",
         show_default=True,
         metavar="|".join(POLICY_NAMES),
-        help="Precision policy.",
+        help="Precision policy. auto: the most low-precision compute that passes the verdict (it verifies, "
+        "and keeps in f32 the fewest nodes that make the drift pass).",
     )(f)
     return f
 
@@ -209,6 +218,14 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
             is_flag=True,
             help="Compare every shared intermediate tensor and name the first nodes where drift jumps.",
         ),
+        click.option(
+            "--latency-runs",
+            default=5,
+            show_default=True,
+            metavar="N",
+            help="Time the original and the written model over N warm runs on the provider (the median is in "
+            "the report); 0: not timed.",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -229,6 +246,7 @@ def _make_verify_options(
     rtol: Sequence[str],
     min_cosine: Sequence[str],
     localize: bool,
+    latency_runs: int = 5,
 ) -> VerifyOptions:
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
@@ -241,6 +259,7 @@ def _make_verify_options(
         tolerance=Tolerances.parse(atol=atol, rtol=rtol, min_cosine=min_cosine, rtol_of_max=rtol_of_max),
         localize=localize,
         save_inputs=save_inputs,
+        latency_runs=latency_runs,
     )
     options.check()  # exit 2 before any work
     return options
@@ -344,6 +363,13 @@ def main() -> None:
     "--repair-budget", default=DEFAULT_BUDGET, show_default=True, help="Most candidate evaluations --repair may use."
 )
 @click.option(
+    "--min-low-share",
+    type=float,
+    metavar="X",
+    help="Fail (exit 5, everything written) when the written model keeps less than X (0 to 1) of its "
+    "multiply-accumulates in low precision; quantized compute counts as low.",
+)
+@click.option(
     "--jobs",
     "-j",
     default=1,
@@ -359,6 +385,7 @@ def convert_cmd(
     policy: str,
     map_text: str | None,
     map_file: str | None,
+    low: str,
     target: str,
     output: str | None,
     out_dir: str | None,
@@ -373,6 +400,7 @@ def convert_cmd(
     screen: bool,
     do_repair: bool,
     repair_budget: int,
+    min_low_share: float | None,
     jobs: int,
     quiet: bool,
     verbose: int,
@@ -383,12 +411,14 @@ def convert_cmd(
     ctx = click.get_current_context()
 
     def run() -> int:
-        _refuse_idle_options(ctx, do_verify, do_repair)
+        resolved = _policy(policy, map_text, map_file, low)
+        searching = _searches(resolved, do_verify, do_repair, min_low_share)
+        _refuse_idle_options(ctx, do_verify, searching)
         directory = _export_directory(models, output, out_dir, data_name)
-        verifying = do_verify is not False or do_repair
-        resolved = _policy(policy, map_text, map_file)
+        verifying = do_verify is not False or searching
         shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
-        shown = not quiet or bool(report_json or report_md or report_html)  # the cost model costs a shape inference
+        # The cost model costs a shape inference: only where something shows it, or the gate reads it.
+        shown = not quiet or bool(report_json or report_md or report_html) or min_low_share is not None
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
         verify_options = _make_verify_options(**verify_kwargs) if verifying else None
         if repair_budget < 1:
@@ -406,8 +436,9 @@ def convert_cmd(
             resolved,
             options,
             verify_options,
-            repair=do_repair,
+            repair=searching,
             budget=repair_budget,
+            min_low_share=min_low_share,
             data_name=data_name,
             screen=screen,
             verify_required=bool(do_verify),
@@ -446,6 +477,15 @@ def convert_cmd(
     _run_guarded(run, models, batch=len(models) > 1)
 
 
+def _searches(policy: Policy, do_verify: bool | None, do_repair: bool, min_low_share: float | None) -> bool:
+    """Whether the run repairs: --repair, or --policy auto (a search that verifies and repairs)."""
+    if policy.searches and do_verify is False:
+        raise InputError("--policy auto searches by verifying its candidates: it cannot run with --no-verify")
+    if min_low_share is not None and not 0 <= min_low_share <= 1:
+        raise InputError(f"--min-low-share: expected a share from 0 to 1, got {min_low_share:g}")
+    return do_repair or policy.searches
+
+
 #: Options that only mean something with --verify or --repair (parameter name -> flag).
 _VERIFY_ONLY = {
     "provider": "--provider",
@@ -460,6 +500,7 @@ _VERIFY_ONLY = {
     "rtol": "--rtol",
     "min_cosine": "--min-cosine",
     "localize": "--localize",
+    "latency_runs": "--latency-runs",
 }
 
 
@@ -549,10 +590,9 @@ def verify_cmd(
             status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
             with StagedProgress(enabled=not quiet) as progress:
                 try:
-                    verified = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
+                    result = verify(reference, candidate, verify_options, progress=progress, outputs=outputs)
                 except GuessedAxesError as e:  # a genai decoder: its folder's config has the sizes
                     raise with_genai_folder_hint(e, Path(reference)) from None
-                result = Verification.from_report(verified)
             if not quiet:
                 click.echo(verify_table(result, verbose=verbose > 0))
             elif not result.passed:  # -q still says that something failed, in one line
@@ -655,6 +695,7 @@ def inspect_cmd(
     policy: str,
     map_text: str | None,
     map_file: str | None,
+    low: str,
     target: str,
     keep_f32_op: Sequence[str],
     keep_f32_node: Sequence[str],
@@ -687,14 +728,14 @@ def inspect_cmd(
         if compare_policies:
             if ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT and policy != "custom":
                 raise InputError("--compare-policies compares every preset; --policy chooses one (drop it)")
-            policies = [policy_from_name(name) for name in POLICY_NAMES if name != "custom"]
+            policies = [policy_from_name(name) for name in POLICY_NAMES if name not in ("custom", AUTO)]
             if map_text or map_file:
                 policies.append(_policy("custom", map_text, map_file))
             loaded = load_model(model)
             rows = [inspect_model(loaded, p, options, model_name=model, source=source) for p in policies]
             click.echo(json.dumps(rows, indent=2) if as_json else compare_policies_table(rows))
             return EXIT_OK
-        resolved = _policy(policy, map_text, map_file)
+        resolved = _policy(policy, map_text, map_file, low)
         loaded = load_model(model)
         summary = inspect_model(loaded, resolved, options, model_name=model, source=source)
         click.echo(json.dumps(summary, indent=2) if as_json else inspect_table(summary))

@@ -4,9 +4,15 @@ From a converted model and concrete input shapes (`--shape`, else the verifier's
 symbolic first axis 1, other symbolic axes `types.DEFAULT_DIM`), by onnx shape inference:
 
 - multiply-accumulates of the Compute ops (`MAC_FORMULAS`: MatMul, Gemm, Conv, ConvTranspose,
-  Einsum, attention ops), and the share that runs in low precision (a node runs low when its
-  first float output is f16 or bf16);
-- float weight elements (initializers and Constant values) and the share stored low;
+  Einsum, attention ops, the recurrent ones, and the quantized ones), per precision class
+  (`macs_by_precision`): f16 or bf16 when the node's first float output is; int8 or int4 for
+  quantized compute (`QUANTIZED_COMPUTE`: MatMulInteger, QLinearConv, MatMulNBits and the like,
+  and a MatMul, Gemm or Conv whose weight comes through a dequantization: a DequantizeLinear,
+  or a Cast of an integer weight); f32 otherwise. Every class but f32 counts as low: an int8
+  model is already as low as a conversion can take it;
+- float weight elements (initializers and Constant values) and the share stored low, and the
+  weight bytes per precision class (`weight_bytes`: f32, f16, bf16; int8 and int4 for the
+  integer weights quantized compute reads);
 - Casts between float types, and the bytes they read and write per inference where their shape
   is known;
 - precision islands: groups of low-precision nodes connected by low-precision values, each
@@ -26,11 +32,13 @@ from typing import Any
 
 import onnx
 
+from rlx_onnx_amp.errors import first_line
 from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import canonical_domain
+from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import all_graphs, all_tensors, concrete_input_shape, structure_copy
 
-__all__ = ["MAC_FORMULAS", "Cost", "estimate_cost", "policy_hint"]
+__all__ = ["MAC_CLASSES", "MAC_FORMULAS", "QUANTIZED_COMPUTE", "Cost", "estimate_cost", "policy_hint", "short_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +124,41 @@ def _attention(node: onnx.NodeProto, ins: Sequence[Shape | None], outs: Sequence
     return 2 * _numel(q) * k[1]  # (batch, length, hidden)
 
 
+def _qlinear_conv(node: onnx.NodeProto, ins: Sequence[Shape | None], outs: Sequence[Shape | None]) -> int | None:
+    return _conv(node, [ins[0], ins[3] if len(ins) > 3 else None], outs)  # x, x_scale, x_zp, w, ...
+
+
+def _recurrent(gates: int) -> MacFormula:
+    """LSTM (4 gates), GRU (3), RNN (1): per step, per direction, gates x hidden x (input + hidden)
+    for each batch row; the shapes are X (seq, batch, input) and W (directions, gates*hidden, input)."""
+
+    def macs(node: onnx.NodeProto, ins: Sequence[Shape | None], outs: Sequence[Shape | None]) -> int | None:
+        x, w = ins[0], ins[1] if len(ins) > 1 else None
+        if x is None or w is None or len(x) != 3 or len(w) != 3:
+            return None
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        seq, batch = (x[1], x[0]) if layout else (x[0], x[1])
+        directions, rows, inputs = w
+        hidden = rows // gates
+        return directions * seq * batch * gates * hidden * (inputs + hidden)
+
+    return macs
+
+
 #: (domain, op type) -> its multiply-accumulates from the shapes of its inputs and outputs.
 MAC_FORMULAS: Mapping[tuple[str, str], MacFormula] = {
     ("", "MatMul"): _matmul,
     ("", "MatMulInteger"): _matmul,
+    ("", "ConvInteger"): _conv,
+    ("", "QLinearMatMul"): _matmul,
+    ("", "QLinearConv"): _qlinear_conv,
+    ("", "LSTM"): _recurrent(4),
+    ("", "GRU"): _recurrent(3),
+    ("", "RNN"): _recurrent(1),
+    ("com.microsoft", "DynamicQuantizeLSTM"): _recurrent(4),
+    ("com.microsoft", "DynamicQuantizeMatMul"): _matmul,
+    ("com.microsoft", "MatMulIntegerToFloat"): _matmul,
+    ("com.microsoft", "MatMulNBits"): _matmul,
     ("", "Gemm"): _gemm,
     ("", "Conv"): _conv,
     ("", "ConvTranspose"): _conv_transpose,
@@ -132,16 +171,91 @@ MAC_FORMULAS: Mapping[tuple[str, str], MacFormula] = {
 }
 
 
+#: The precision classes multiply-accumulates and weights are counted in; every one but f32 is low.
+MAC_CLASSES = ("f32", "f16", "bf16", "int8", "int4")
+#: An integer element type of quantized weights -> its class.
+_INTEGER_CLASSES: dict[int, str] = {
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "int8",
+    onnx.TensorProto.INT4: "int4",
+    onnx.TensorProto.UINT4: "int4",
+}
+
+
+def _nbits_class(node: onnx.NodeProto) -> str:
+    bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
+    return "int4" if bits <= 4 else "int8"
+
+
+#: Compute ops that multiply integers -> their class (MatMulNBits by its `bits`), and the
+#: input that holds their quantized weight.
+QUANTIZED_COMPUTE: Mapping[tuple[str, str], tuple[Callable[[onnx.NodeProto], str], int]] = {
+    ("", "MatMulInteger"): (lambda n: "int8", 1),
+    ("", "ConvInteger"): (lambda n: "int8", 1),
+    ("", "QLinearMatMul"): (lambda n: "int8", 3),
+    ("", "QLinearConv"): (lambda n: "int8", 3),
+    ("com.microsoft", "DynamicQuantizeLSTM"): (lambda n: "int8", 1),
+    ("com.microsoft", "DynamicQuantizeMatMul"): (lambda n: "int8", 1),
+    ("com.microsoft", "MatMulIntegerToFloat"): (lambda n: "int8", 1),
+    ("com.microsoft", "MatMulNBits"): (_nbits_class, 1),
+}
+#: Float Compute ops whose weight (this input) may come through a dequantization.
+_WEIGHT_INPUT = {("", "MatMul"): 1, ("", "Gemm"): 1, ("", "Conv"): 1, ("com.microsoft", "FusedMatMul"): 1}
+#: What a dequantization passes its weight through between the integer tensor and the compute.
+_DEQUANTIZE_STEPS = frozenset({"Mul", "Sub", "Add", "Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze"})
+
+
+def _dequantized_class(name: str, producers: Mapping[str, onnx.NodeProto], types: Mapping[str, int]) -> str | None:
+    """The class of the integer weight `name` is dequantized from: a DequantizeLinear of it,
+    or a Cast of it to float followed by scale arithmetic; None when it is not."""
+    for _ in range(6):  # a few steps: Cast, Sub(zero point), Mul(scale), Reshape, Transpose
+        node = producers.get(name)
+        if node is None or canonical_domain(node.domain) != "":
+            return None
+        if node.op_type == "DequantizeLinear":
+            return _INTEGER_CLASSES.get(types.get(node.input[0], 0))
+        if node.op_type == "Cast" and types.get(node.input[0], 0) in _INTEGER_CLASSES:
+            return _INTEGER_CLASSES[types[node.input[0]]]
+        if node.op_type not in _DEQUANTIZE_STEPS:
+            return None
+        name = node.input[0]
+    return None
+
+
+def _quantized_weights(graphs: Sequence[onnx.GraphProto], types: Mapping[str, int]) -> dict[str, str]:
+    """Integer initializer name -> its class, for those that quantized compute or a
+    dequantization reads."""
+    found: dict[str, str] = {}
+    for graph in graphs:
+        inits = {t.name for t in graph.initializer}
+        for node in graph.node:
+            key = (canonical_domain(node.domain), node.op_type)
+            if key in QUANTIZED_COMPUTE:
+                of, index = QUANTIZED_COMPUTE[key]
+                if len(node.input) > index and node.input[index] in inits:
+                    found[node.input[index]] = of(node)
+            elif key in (("", "DequantizeLinear"), ("", "Cast")) and node.input and node.input[0] in inits:
+                cls = _INTEGER_CLASSES.get(types.get(node.input[0], 0))
+                if cls is not None:
+                    found[node.input[0]] = cls
+    return found
+
+
 @dataclass
 class Cost:
     """The cost figures of one converted model (JSON key `cost`)."""
 
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     macs: int = 0  # multiply-accumulates per inference of the nodes whose shapes are known
-    macs_low: int = 0
+    macs_low: int = 0  # those in any class but f32 (quantized compute included)
+    #: MACs per precision class (`MAC_CLASSES`), every class present.
+    macs_by_precision: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MAC_CLASSES, 0))
     unknown_macs_nodes: int = 0  # Compute nodes whose shapes inference could not give
     weight_elements: int = 0  # float weight elements (initializers and Constant values)
     weight_elements_low: int = 0
+    #: Weight bytes per precision class: float initializers and Constant values by their type,
+    #: integer ones that quantized compute or a dequantization reads as int8 or int4.
+    weight_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MAC_CLASSES, 0))
     casts: int = 0  # Cast nodes from one float type to another
     cast_bytes: int = 0  # bytes those Casts read and write per inference, where shapes are known
     unknown_cast_nodes: int = 0
@@ -155,26 +269,57 @@ class Cost:
     def weight_low_share(self) -> float | None:
         return self.weight_elements_low / self.weight_elements if self.weight_elements else None
 
+    @property
+    def quantized(self) -> bool:
+        """Whether integer compute runs in the model (int8 or int4 MACs): already low."""
+        return bool(self.macs_by_precision.get("int8") or self.macs_by_precision.get("int4"))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "input_shapes": self.input_shapes,
             "macs": self.macs,
             "macs_low": self.macs_low,
             "mac_low_share": self.mac_low_share,
+            "macs_by_precision": self.macs_by_precision,
             "unknown_macs_nodes": self.unknown_macs_nodes,
             "weight_elements": self.weight_elements,
             "weight_elements_low": self.weight_elements_low,
             "weight_low_share": self.weight_low_share,
+            "weight_bytes": self.weight_bytes,
             "casts": self.casts,
             "cast_bytes": self.cast_bytes,
             "unknown_cast_nodes": self.unknown_cast_nodes,
             "islands": self.islands,
         }
 
+    @staticmethod
+    def json_schema() -> dict[str, Any]:
+        """The JSON Schema of `to_json` (the report's `cost`)."""
+        count = {"type": "integer", "minimum": 0}
+        share = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
+        shapes = {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}}
+        classes = {"type": "object", "properties": dict.fromkeys(MAC_CLASSES, count), "required": list(MAC_CLASSES),
+                   "additionalProperties": False}
+        properties: dict[str, Any] = {
+            "input_shapes": shapes, "mac_low_share": share, "weight_low_share": share,
+            "macs_by_precision": classes, "weight_bytes": classes,
+        }
+        for f in fields(Cost):
+            properties.setdefault(f.name, count)
+        order = list(Cost().to_json())
+        return {
+            "type": "object",
+            "properties": {k: properties[k] for k in order},
+            "required": order,
+            "additionalProperties": False,
+        }
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cost:
         """The figures `to_json` wrote (a report's `cost`); the shares follow from them."""
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        # Reports written before the precision classes: every MAC and weight byte uncounted there.
+        empty = {"macs_by_precision": dict.fromkeys(MAC_CLASSES, 0), "weight_bytes": dict.fromkeys(MAC_CLASSES, 0)}
+        return cls(**{f.name: data.get(f.name, empty.get(f.name)) for f in fields(cls)})
 
 
 #: The hint's thresholds: a policy that leaves less than this share of the MACs low ...
@@ -184,15 +329,32 @@ HINT_MIN_CASTS = 20
 
 
 def policy_hint(cost: Cost, casts_inserted: int, policy: str) -> str | None:
-    """One line when the policy keeps almost every multiply-accumulate in f32 yet adds many
-    Casts; None otherwise. The policy's meaning never changes: this only names alternatives."""
+    """One line when the policy lowers none of the multiply-accumulates (whatever it costs in
+    Casts), or almost none while adding many Casts; None otherwise, and always for `auto` and
+    for a model whose compute is quantized already. The policy's meaning never changes: this
+    only names the one to run for speed and memory."""
     share = cost.mac_low_share
-    if share is None or share >= HINT_MAX_LOW_SHARE or casts_inserted < HINT_MIN_CASTS:
+    if share is None or cost.quantized or policy == "auto":
         return None
-    return (
-        f"{policy} runs {share:.0%} of the multiply-accumulates in low precision and inserts {casts_inserted} "
-        "Casts; for speed try --policy always-f16 --repair, or a --map that lowers compute"
-    )
+    if cost.macs_low == 0:
+        return (
+            f"{policy} lowers none of the {short_count(cost.macs)} multiply-accumulates (every Compute node stays "
+            "f32): the model is no smaller or faster there; for that, try --policy auto"
+        )
+    if share < HINT_MAX_LOW_SHARE and casts_inserted >= HINT_MIN_CASTS:
+        return (
+            f"{policy} runs {share:.0%} of the multiply-accumulates in low precision and inserts {casts_inserted} "
+            "Casts; for speed try --policy auto"
+        )
+    return None
+
+
+def short_count(n: float) -> str:
+    """1234567 -> 1.23 M: MAC and byte counts at a glance."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f}"
 
 
 def _value_facts(graphs: Sequence[onnx.GraphProto], wanted: set[str]) -> tuple[dict[str, Shape], dict[str, int]]:
@@ -207,7 +369,7 @@ def _value_facts(graphs: Sequence[onnx.GraphProto], wanted: set[str]) -> tuple[d
             types[name] = tt.elem_type
             if name in wanted and tt.HasField("shape"):
                 dims = tt.shape.dim
-                if all(d.HasField("dim_value") for d in dims):
+                if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):  # -1: declared unknown
                     shapes[name] = tuple(d.dim_value for d in dims)
         for t in g.initializer:
             types[t.name] = t.data_type
@@ -230,12 +392,9 @@ def _is_low(elem: int | None) -> bool:
     return precision is not None and precision is not Precision.F32
 
 
-def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None) -> Cost:
-    """The cost figures of `model` (converted, or a dry run whose initializers carry their new
-    element types) for concrete input `shapes` (symbolic axes not named get the verifier's
-    defaults). Never raises on a model shape inference cannot follow: what it cannot see is
-    counted as unknown."""
-    cost = Cost(input_shapes=_concrete_inputs(model, shapes or {}))
+def _inferred(model: onnx.ModelProto, input_shapes: Mapping[str, list[int]]) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """A weightless copy of `model` with `input_shapes` and the shapes onnx's inference gives
+    from them; and the element types of the values whose declared symbolic shape was dropped."""
     light = structure_copy(model)
     for init in light.graph.initializer:  # a dry run's narrowed weights still hold f32 bytes
         precision = precision_of_elem_type(init.data_type)
@@ -243,10 +402,10 @@ def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
         if init.raw_data and size is not None and len(init.raw_data) != size:
             init.CopyFrom(onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims))
     for vi in light.graph.input:
-        if vi.name in cost.input_shapes:
+        if vi.name in input_shapes:
             dims = vi.type.tensor_type.shape
             dims.ClearField("dim")
-            for extent in cost.input_shapes[vi.name]:
+            for extent in input_shapes[vi.name]:
                 dims.dim.add().dim_value = extent
     # A declared symbolic shape would hide the concrete one inference gives (and one without a
     # shape stops inference from filling it in): such declarations go, their types are kept aside.
@@ -265,6 +424,16 @@ def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
         light = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx raises several types here; the figures then cover what the model declares
         logger.info("cost: shape inference stopped (%s); counting only what the model declares", e)
+    return light, declared
+
+
+def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None) -> Cost:
+    """The cost figures of `model` (converted, or a dry run whose initializers carry their new
+    element types) for concrete input `shapes` (symbolic axes not named get the verifier's
+    defaults). Never raises on a model shape inference cannot follow: what it cannot see is
+    counted as unknown."""
+    cost = Cost(input_shapes=_concrete_inputs(model, shapes or {}))
+    light, declared = _inferred(model, cost.input_shapes)
     graphs = all_graphs(model.graph)
     counted = [
         node
@@ -274,20 +443,74 @@ def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
     ]
     wanted = {name for node in counted for name in (*node.input, *node.output)}
     known, types = _value_facts(all_graphs(light.graph), wanted)
+    if any(o and o not in known for n in counted if n.op_type != "Cast" for o in n.output[:1]):
+        # onnx's inference stops at ops it has no function for (onnxruntime's contrib ops:
+        # MatMulNBits, the fused attention); onnxruntime's symbolic inference knows them.
+        symbolic = _symbolic_shapes(light)
+        if symbolic is not None:
+            more, _ = _value_facts(all_graphs(symbolic.graph), wanted)
+            known = {**more, **known}
     for name, elem in declared.items():
         types.setdefault(name, elem)
+    quantized = _quantized_weights(graphs, types)
     for t in all_tensors(model):
         if t.data_type in FLOAT_TYPES:
             n = _numel(tuple(t.dims))
             cost.weight_elements += n
             cost.weight_elements_low += n if _is_low(t.data_type) else 0
+            cost.weight_bytes[_float_class(t.data_type)] += tensor_nbytes(t)
+        elif t.name in quantized:
+            cost.weight_bytes[quantized[t.name]] += tensor_nbytes(t)
+    producers = {o: node for graph in graphs for node in graph.node for o in node.output}
     for node in counted:
-        _count_node(node, known, types, cost)
+        _count_node(node, known, types, cost, producers)
     cost.islands = _islands([(n.op_type, list(n.input), list(n.output)) for n in model.graph.node], types)
     return cost
 
 
-def _count_node(node: onnx.NodeProto, known: Mapping[str, Shape], types: Mapping[str, int], cost: Cost) -> None:
+def _float_class(elem: int | None) -> str:
+    precision = precision_of_elem_type(elem) if elem is not None else None
+    return precision.value if precision is not None else "f32"
+
+
+def _mac_class(node: onnx.NodeProto, types: Mapping[str, int], producers: Mapping[str, onnx.NodeProto]) -> str:
+    """The precision class a Compute node multiplies in (`MAC_CLASSES`)."""
+    key = (canonical_domain(node.domain), node.op_type)
+    if key in QUANTIZED_COMPUTE:
+        return QUANTIZED_COMPUTE[key][0](node)
+    out = _float_class(types.get(node.output[0]))
+    if out != "f32" or key not in _WEIGHT_INPUT or len(node.input) <= _WEIGHT_INPUT[key]:
+        return out
+    return _dequantized_class(node.input[_WEIGHT_INPUT[key]], producers, types) or out
+
+
+def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """`model` with the shapes onnxruntime's symbolic shape inference gives, or None where it
+    cannot (it raises on graphs it does not follow: then the unknown stay unknown)."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        # Its `infer_shapes` as written, less the last step: where a shape stays unknown it saves
+        # the model into the working directory and raises, and the shapes it found are what
+        # the cost model wants (nothing is written outside the paths a run was given).
+        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+        inference._update_output_from_vi()
+        return inference.out_mp_
+    except Exception as e:  # any failure leaves the figures to what onnx's inference gave
+        logger.info("cost: onnxruntime's symbolic shape inference stopped (%s)", first_line(e))
+        return None
+
+
+def _count_node(
+    node: onnx.NodeProto,
+    known: Mapping[str, Shape],
+    types: Mapping[str, int],
+    cost: Cost,
+    producers: Mapping[str, onnx.NodeProto],
+) -> None:
     domain = canonical_domain(node.domain)
     formula = MAC_FORMULAS.get((domain, node.op_type))
     if formula is not None:
@@ -295,8 +518,10 @@ def _count_node(node: onnx.NodeProto, known: Mapping[str, Shape], types: Mapping
         if macs is None:
             cost.unknown_macs_nodes += 1
         else:
+            cls = _mac_class(node, types, producers)
             cost.macs += macs
-            cost.macs_low += macs if _is_low(types.get(node.output[0])) else 0
+            cost.macs_by_precision[cls] += macs
+            cost.macs_low += macs if cls != "f32" else 0
     elif node.op_type == "Cast" and domain == "":
         src, dst = types.get(node.input[0]), types.get(node.output[0])
         if src in FLOAT_TYPES and dst in FLOAT_TYPES:

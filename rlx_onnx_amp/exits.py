@@ -21,19 +21,21 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 __all__ = [
-    "EXIT_DRIFT", "EXIT_INTERNAL", "EXIT_OK", "EXIT_SIGINT", "EXIT_SIGPIPE", "EXIT_SIGTERM", "EXIT_UNVERIFIED",
-    "EXIT_USAGE", "SEVERITY", "Terminated", "error_line", "fail", "ignore_stop_signals", "raise_on_stop",
-    "raise_stop", "request_stop", "signal_held_during_commit", "signals_deferred", "stop_handlers",
+    "EXIT_DRIFT", "EXIT_INTERNAL", "EXIT_LOW_GAIN", "EXIT_OK", "EXIT_SIGINT", "EXIT_SIGPIPE", "EXIT_SIGTERM",
+    "EXIT_UNVERIFIED", "EXIT_USAGE", "SEVERITY", "Terminated", "error_line", "fail", "ignore_stop_signals",
+    "raise_on_stop", "raise_stop", "request_stop", "signal_held_during_commit", "signals_deferred", "stop_handlers",
     "stop_requested", "worst_exit_code",
 ]  # fmt: skip
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from errors.ModelRunError
 EXIT_UNVERIFIED = 4  # converted and written, not verified: the reference could not run
+#: Written and verified, but it keeps less of its multiply-accumulates low than --min-low-share asks.
+EXIT_LOW_GAIN = 5
 EXIT_INTERNAL = 70  # a bug: sysexits' EX_SOFTWARE (its traceback, then one line)
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141  # nothing written, no scratch left
 
 #: Exit codes from least to most severe: a batch, and a merge of batches, exit with the worst.
-SEVERITY = (0, 4, 1, 2, 3, 70)  # 4: written but not verified, below a measured drift
+SEVERITY = (0, 4, 5, 1, 2, 3, 70)  # 4: written but not verified; 5: buys less than asked; then drift
 
 
 def worst_exit_code(codes: Sequence[int]) -> int:

@@ -7,7 +7,6 @@ from typing import Any
 from onnx import ModelProto
 
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.tensors import WeightSource
 
@@ -26,18 +25,17 @@ def inspect_model(
     the weights (external data beside the model) that rule weight-range looks at."""
     work = ModelProto()
     work.CopyFrom(model)
-    report = ConversionReport(model=model_name)
-    convert_model(work, policy, options, source=source, report=report, weights=False)
+    record = convert_model(work, policy, options, source=source, weights=False, label=model_name or "model")
     return {
         "model": model_name,
         "policy": policy.to_json(),
-        "target": report.target,
-        "nodes": {"total": report.nodes_total, "by_precision": report.by_precision},
-        "by_kind": report.by_kind,
-        "by_op": dict(sorted(report.by_op.items())),
-        "casts_inserted": report.casts_inserted,
-        "kept_f32": [k.to_json() for k in report.kept_f32],
-        "by_rule": report.by_rule(),
-        "unknown_ops": report.unknown_ops,
-        "cost": report.cost.to_json() if report.cost is not None else None,
+        "target": record.target,
+        "nodes": record.nodes.to_json(),
+        "by_kind": record.by_kind,
+        "by_op": dict(sorted(record.by_op.items())),
+        "casts_inserted": record.casts_inserted,
+        "kept_f32": [k.to_json() for k in record.kept_f32],
+        "by_rule": record.by_rule,
+        "unknown_ops": list(record.unknown_ops),
+        "cost": record.cost.to_json() if record.cost is not None else None,
     }

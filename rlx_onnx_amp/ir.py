@@ -1,6 +1,7 @@
 """rlx-amp as an onnx-ir pass: `MixedPrecisionPass` (`pip install 'rlx-onnx-amp[ir]'`).
 
-    import onnx_ir as ir
+    import onnx
+import onnx_ir as ir
     from rlx_onnx_amp.ir import MixedPrecisionPass
 
     model = ir.load("model.onnx")
@@ -49,13 +50,14 @@ from rlx_onnx_amp.api import (
     PROTOBUF_LIMIT,
     KindMap,
     checker_failure,
+    load_model,
     options_from,
     prove,
     resolve_policy,
 )
-from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.errors import AmpError, InputError
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.reports.conversion import ConversionReport
+from rlx_onnx_amp.reports.record import Conversion, ModelResult
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource
 
@@ -70,8 +72,8 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
     (for "custom"), `options` or the option keywords of `make_options` (keep_io_types,
     keep_f32_ops, keep_f32_nodes, keep_f32_paths, target, shapes, cost, value_ranges), and
     `check` (prove the result with onnx's checker, as the CLI does). Bad options fail here,
-    when the pass is made. `report` after a call is that call's `ConversionReport`; a report
-    given as `report=` (as to `convert`) is filled with it, each call replacing the last's.
+    when the pass is made. `result` after a call is that call's `ModelResult` (its conversion
+    and, with `verify=True`, its verification), each call replacing the last's.
 
     requires: every value of the model (subgraphs included) has a known type; run
     `onnx_ir.passes.common.ShapeInferencePass` first on a model that lacks them.
@@ -96,18 +98,18 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         verify: bool = False,
         verify_options: Any = None,
         scratch_dir: str | os.PathLike[str] | None = None,
-        report: ConversionReport | None = None,
         **option_kwargs: Any,
     ) -> None:
         super().__init__()
-        self._report_to = report
         self.policy = resolve_policy(policy, kind_map)
         self.options = options_from(options, option_kwargs)
         self.check = check
         self.verify = verify
         self.verify_options = verify_options
         self.scratch_dir = scratch_dir
-        self.report = report if report is not None else ConversionReport()
+        self.result: ModelResult | None = None
+        if self.policy.searches and not verify:
+            raise InputError("policy 'auto' searches by verifying its candidates: give verify=True")
 
     # ---- the contract ----------------------------------------------------------------------
 
@@ -140,18 +142,33 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
     # ---- the rewrite -----------------------------------------------------------------------
 
     def call(self, model: ir.Model) -> ir_passes.PassResult:
-        name = model.graph.name or "model"
-        self.report = report = ConversionReport(model=name)
-        try:
-            return self._rewrite(model, report)
-        finally:
-            if self._report_to is not None:  # `report=`, as `convert` fills it: this call's report
-                for f in dataclasses.fields(report):
-                    setattr(self._report_to, f.name, getattr(report, f.name))
-                self.report = self._report_to
+        self.result = None
+        if self.policy.searches:
+            return self._search(model)
+        return self._rewrite(model, model.graph.name or "model")
 
-    def _rewrite(self, model: ir.Model, report: ConversionReport) -> ir_passes.PassResult:
-        name = report.model
+    def _search(self, model: ir.Model) -> ir_passes.PassResult:
+        """`auto`: the command line's search (`repair.repair_file`) on the model saved to a
+        temporary directory; the caller's model takes the result only when it passes."""
+        from rlx_onnx_amp.repair import repair_file
+
+        with tempfile.TemporaryDirectory(prefix="rlx-amp-ir-auto-", dir=self.scratch_dir) as tmp:
+            ref, out = Path(tmp) / "reference.onnx", Path(tmp) / "auto.onnx"
+            ir.save(model, ref, external_data="reference.onnx.data")
+            conversion, verified, repaired = repair_file(
+                ref, out, self.policy, options=self.options, verify_options=self.verify_options
+            )
+            converted = ir.from_proto(load_model(out, load_external_data=True))
+        self.result = ModelResult(conversion, verified, repaired)
+        if not verified.passed:
+            raise ir_passes.PostconditionError(
+                f"policy auto found no candidate within the tolerances ({verified.criterion}); "
+                "the model is left unchanged"
+            )
+        _adopt(model, converted)
+        return ir_passes.PassResult(model, modified=conversion.changed)
+
+    def _rewrite(self, model: ir.Model, name: str) -> ir_passes.PassResult:
         base_dir = _weights_dir(model)
         # External weights stay references (a weight an earlier run left in its scratch file
         # too); weights in memory are copied once.
@@ -167,10 +184,13 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             scratch = _Scratch(self.scratch_dir)
         sink = WeightSink() if scratch is None else ExternalSink(scratch.path, scratch.location, scratch=True)
         try:
-            convert_model(proto, self.policy, self.options, source=source, sink=sink, report=report)
+            conversion = dataclasses.replace(
+                convert_model(proto, self.policy, self.options, source=source, sink=sink, label=name), model=name
+            )
         finally:
             sink.close()
-        if not report.changed:
+        self.result = ModelResult(conversion)
+        if not conversion.changed:
             return ir_passes.PassResult(model, modified=False)
         # With external weights, the converted model as a file beside them in the scratch
         # directory, written once for the checker and onnxruntime (each reads external data
@@ -180,32 +200,35 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             if written is not None:
                 written.write_bytes(proto.SerializeToString())
             if self.check:
-                self._prove(proto, model, report, written)
+                proof = self._prove(proto, model, name, conversion.target, written)
+                conversion = dataclasses.replace(conversion, proof=proof)
+                self.result = ModelResult(conversion)
             converted = ir.from_proto(proto)
             del proto
             if scratch is not None:
                 _read_lazily(converted.graph, scratch)
             if self.verify:
-                self._verify(model, converted, written)
+                self._verify(model, converted, written, conversion)
         finally:
             if written is not None:
                 written.unlink(missing_ok=True)
         _adopt(model, converted)
         return ir_passes.PassResult(model, modified=True)
 
-    def _prove(self, proto: Any, model: ir.Model, report: ConversionReport, written: Path | None) -> None:
+    def _prove(self, proto: Any, model: ir.Model, name: str, target: str, written: Path | None) -> str | None:
         """What the CLI proves of what it writes (`api.prove`): onnx's full checker passes (or,
         for an input the checker refuses, onnxruntime loads input and output alike). `written`:
         the converted model's file beside its external weights."""
         if written is not None:
             found = checker_failure(written)
             if found is not None:  # the input's weights are elsewhere: the checker cannot tell whose fault
-                raise AmpError(f"{report.model}: the converted model fails onnx.checker ({found}); check=False skips")
-            report.proof = "onnx.checker"
-        elif proto.ByteSize() < PROTOBUF_LIMIT:  # the input, serialized again only if the output fails
-            report.proof = prove(proto, lambda: ir.to_proto(model), report.target, report.model, report.model)
+                raise AmpError(f"{name}: the converted model fails onnx.checker ({found}); check=False skips")
+            return "onnx.checker"
+        if proto.ByteSize() < PROTOBUF_LIMIT:  # the input, serialized again only if the output fails
+            return prove(proto, lambda: ir.to_proto(model), target, name, name)
+        return None
 
-    def _verify(self, model: ir.Model, converted: ir.Model, written: Path | None) -> None:
+    def _verify(self, model: ir.Model, converted: ir.Model, written: Path | None, conversion: Conversion) -> None:
         """Run both models with onnxruntime, which reads files: the input is saved to a
         temporary directory, the converted model too unless it is `written` already."""
         from rlx_onnx_amp.verification import verify
@@ -218,7 +241,7 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
                 cand = Path(tmp) / "candidate.onnx"
                 ir.save(converted, cand, external_data="candidate.onnx.data")
             result = verify(ref, cand, self.verify_options)
-        self.report.verify = result.to_json()
+        self.result = ModelResult(conversion, result)
         if not result.passed:
             failing = [o.name for o in result.outputs if not o.passed]
             raise ir_passes.PostconditionError(

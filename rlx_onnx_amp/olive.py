@@ -127,8 +127,8 @@ class RlxAmp(Pass):
             "policy": _param(
                 str,
                 "auto-mixed",
-                "Precision policy: always-f32, always-f16, auto-mixed-conservative, "
-                "auto-mixed, auto-mixed-bf16 or custom (with kind_map).",
+                "Precision policy: always-f32, always-f16, auto-mixed-conservative, auto-mixed, auto-mixed-bf16, "
+                "auto (the most low-precision compute that passes: it verifies and repairs) or custom (with kind_map).",
             ),
             "kind_map": _param(dict, None, "Kind map for policy custom, e.g. {'compute': 'f16', 'reduction': 'f32'}."),
             "target": _param(str, "cuda", "Execution provider the model is meant for: cuda or cpu (as --target)."),
@@ -168,10 +168,10 @@ class RlxAmp(Pass):
         dst = Path(resolve_onnx_path(output_model_path, Path(src).name))
         dst.parent.mkdir(parents=True, exist_ok=True)
         try:
-            result, report = _convert(src, dst, values)
+            result = _convert(src, dst, values)
         except AmpError as e:
             raise RlxAmpError(f"rlx-amp: {e}") from None
-        return _handler(model, dst, result, report)
+        return _handler(model, dst, result)
 
 
 def _settings(values: dict[str, Any]) -> JobSettings:
@@ -179,9 +179,12 @@ def _settings(values: dict[str, Any]) -> JobSettings:
     for name, accepted in _NO_TWIN.items():
         if values.get(name) is not None and values[name] != accepted:
             raise RlxAmpError(f"RlxAmp: {name}={values[name]!r} has no twin in rlx-amp (only {accepted!r})")
-    verifying = bool(values["verify"]) or bool(values["repair"])
-    if values["repair"] and not values["verify"]:
-        raise RlxAmpError("RlxAmp: repair=True with verify=False: repair verifies every candidate")
+    policy = resolve_policy(values["policy"], values.get("kind_map"))
+    searching = bool(values["repair"]) or policy.searches  # policy auto is a search: it repairs
+    verifying = bool(values["verify"]) or searching
+    if searching and not values["verify"]:
+        what = "policy='auto'" if policy.searches else "repair=True"
+        raise RlxAmpError(f"RlxAmp: {what} with verify=False: repair verifies every candidate")
     idle = [name for name, default in _VERIFY_ONLY.items() if values.get(name, default) != default]
     if idle and not verifying:
         raise RlxAmpError(f"RlxAmp: {idle[0]} does nothing with verify=False")
@@ -197,10 +200,10 @@ def _settings(values: dict[str, Any]) -> JobSettings:
         cost=True,  # as the CLI with --report-json: the report has its cost section
     )
     return JobSettings(
-        resolve_policy(values["policy"], values.get("kind_map")),
+        policy,
         options,
         _verify_options(values, shapes) if verifying else None,
-        repair=bool(values["repair"]),
+        repair=searching,
         budget=values["repair_budget"],
         data_name=values.get("external_data_name"),
         screen=bool(values["screen"]),
@@ -225,7 +228,7 @@ def _verify_options(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) 
 
 
 
-def _convert(src: str, dst: Path, values: dict[str, Any]) -> tuple[ModelResult, dict[str, Any]]:
+def _convert(src: str, dst: Path, values: dict[str, Any]) -> ModelResult:
     """Convert (verify, repair) `src` to `dst` as the convert command does; on drift nothing
     is committed but the report."""
     settings = _settings(values)
@@ -245,7 +248,7 @@ def _convert(src: str, dst: Path, values: dict[str, Any]) -> tuple[ModelResult, 
         finally:
             _log_captured(stdout.getvalue(), stderr.getvalue())
         report = RunResults((result,), settings.verify_options is not None).json(False)
-        if values.get("save_as_external_data") and not report.get("data_files"):
+        if values.get("save_as_external_data") and not (result.conversion and result.conversion.data_files):
             raise RlxAmpError(
                 f"RlxAmp: save_as_external_data: rlx-amp writes external data when the input has it (or past "
                 f"1.8 GB of weights); {src} has none, so the output is one file: drop the option"
@@ -258,7 +261,7 @@ def _convert(src: str, dst: Path, values: dict[str, Any]) -> tuple[ModelResult, 
             )
         outputs.write_text(report_path, report_text(report))
         outputs.commit()
-    return result, report  # unverified (exit 4): the job's warning is in the log, `unverified` in the report
+    return result  # unverified (exit 4): the job's warning is in the log, `unverified` in the report
 
 
 def _log_captured(stdout: str, stderr: str) -> None:
@@ -270,34 +273,34 @@ def _log_captured(stdout: str, stderr: str) -> None:
             logger.warning("%s", line)
 
 
-def _verdict(result: ModelResult, report: dict[str, Any]) -> dict[str, Any]:
-    """The report's gist for `model_attributes["rlx_amp"]` (JSON; the whole report is the file)."""
-    verify = report.get("verify") or {}
-    policy = report.get("policy") or {}
+def _verdict(result: ModelResult) -> dict[str, Any]:
+    """The result's gist for `model_attributes["rlx_amp"]` (JSON; the whole report is the file)."""
+    conversion = result.conversion
+    assert conversion is not None
     return {
         "report": REPORT_NAME,
         "exit_code": result.exit_code,
-        "passed": verify.get("passed") if verify else None,
-        "verified": bool(verify),
+        "passed": result.verify.passed if result.verify is not None else None,
+        "verified": result.verify is not None,
         "unverified": result.unverified,
-        "policy": policy.get("name") if isinstance(policy, dict) else policy,
-        "casts_inserted": report.get("casts_inserted"),
-        "kept_f32": len(report.get("kept_f32") or []),
-        "data_files": list(report.get("data_files") or []),
-        "repaired": bool(report.get("repair")),
+        "policy": conversion.policy.name if conversion.policy is not None else None,
+        "casts_inserted": conversion.casts_inserted,
+        "kept_f32": len(conversion.kept_f32),
+        "data_files": list(conversion.data_files),
+        "repaired": result.repair is not None,
     }
 
 
-def _handler(model: ONNXModelHandler, dst: Path, result: ModelResult, report: dict[str, Any]) -> ONNXModelHandler:
+def _handler(model: ONNXModelHandler, dst: Path, result: ModelResult) -> ONNXModelHandler:
     """The output model: a file, or its folder when it has external data; the upstream
     attributes kept, the report added to `additional_files`."""
     attributes = dict(model.model_attributes or {})
     files = set(attributes.get("additional_files") or [])
     files.add(str(dst.parent / REPORT_NAME))
     attributes["additional_files"] = sorted(files)
-    attributes["rlx_amp"] = _verdict(result, report)
-    assert result.exit_code in (EXIT_OK, EXIT_UNVERIFIED)
-    if report.get("data_files"):
+    attributes["rlx_amp"] = _verdict(result)
+    assert result.exit_code in (EXIT_OK, EXIT_UNVERIFIED) and result.conversion is not None
+    if result.conversion.data_files:
         return ONNXModelHandler(
             model_path=LocalFolder({"path": str(dst.parent)}), onnx_file_name=dst.name, model_attributes=attributes
         )

@@ -6,8 +6,9 @@ checked. This is onnx-ir's pass contract (`requires`, `call`, `ensures`, `modifi
 small: the rewrite's passes work on a plan of decisions beside the model, not on the model
 alone.
 
-Contracts cost time (the last pass's postconditions run onnx's full checker and convert the
-result again), so `run_passes` checks them only when asked: the tests ask on every fixture,
+Contracts cost time (the last pass's postconditions run onnx's full checker, and the pipeline
+converts its result again: `rewrite.convert.check_idempotent`), so `run_passes` checks them
+only when asked: the tests ask on every fixture,
 `ConvertOptions.check_contracts` asks for one conversion. A pass's order check (the stage its
 plan must be at) always runs: it is one comparison.
 """

@@ -14,7 +14,7 @@ from rlx_onnx_amp.errors import PolicyError
 from rlx_onnx_amp.precision import PRECISIONS, Precision
 from rlx_onnx_amp.taxonomy import OpKind
 
-__all__ = ["POLICY_NAMES", "Policy", "parse_kind_map", "policy_from_name"]
+__all__ = ["AUTO", "POLICY_NAMES", "Policy", "parse_kind_map", "policy_from_name"]
 
 _K = OpKind
 _F32, _F16, _BF16 = Precision.F32, Precision.F16, Precision.BF16
@@ -33,7 +33,11 @@ _PRESETS: Mapping[str, Mapping[OpKind, Precision]] = {
     },
 }
 
-POLICY_NAMES: tuple[str, ...] = (*_PRESETS, "custom")
+#: The policy that searches: every kind at the low precision (f16, or bf16 with `--low bf16`),
+#: then the fewest nodes kept in f32 that make the verdict pass (`repair`): the most
+#: low-precision compute that passes. Its kinds are where the search starts.
+AUTO = "auto"
+POLICY_NAMES: tuple[str, ...] = (*_PRESETS, AUTO, "custom")
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,32 @@ class Policy:
             return Precision.F32
         return self.kinds.get(kind, Precision.F32)
 
+    @property
+    def searches(self) -> bool:
+        """Whether the policy is a search (`auto`): converted, verified and kept in f32 where
+        it drifts, rather than applied as it is."""
+        return self.name == AUTO
+
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "kinds": {k.value: self.precision_for(k).value for k in OpKind}}
+
+    @staticmethod
+    def json_schema() -> dict[str, Any]:
+        """The JSON Schema of `to_json` (the report's `policy`)."""
+        return {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "kinds": {
+                    "type": "object",
+                    "properties": {k.value: {"enum": [p.value for p in Precision]} for k in OpKind},
+                    "required": [k.value for k in OpKind],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["name", "kinds"],
+            "additionalProperties": False,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Policy:
@@ -123,8 +151,18 @@ def load_kind_map_file(path: Path) -> dict[OpKind, Precision]:
     return dict(_kind_precision(str(k), str(v), where=str(path)) for k, v in data.items())
 
 
-def policy_from_name(name: str, kind_map: Mapping[OpKind, Precision] | None = None) -> Policy:
-    """Build a policy by CLI name; `custom` needs `kind_map`."""
+def policy_from_name(
+    name: str, kind_map: Mapping[OpKind, Precision] | None = None, low: Precision = Precision.F16
+) -> Policy:
+    """Build a policy by CLI name; `custom` needs `kind_map`; `low` is where `auto` starts."""
+    if low is not Precision.F16 and name != AUTO:
+        raise PolicyError(f"--low only goes with --policy auto, not {name!r}")
+    if name == AUTO:
+        if kind_map:
+            raise PolicyError("--map/--map-file only go with --policy custom, not 'auto'")
+        if low is Precision.F32:
+            raise PolicyError("--low f32 would search nothing: give f16 or bf16")
+        return Policy(AUTO, {k: low for k in OpKind if k is not OpKind.BOUNDARY})
     if name == "custom":
         if kind_map is None:
             raise PolicyError("policy 'custom' needs --map or --map-file")

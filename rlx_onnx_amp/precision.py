@@ -17,12 +17,16 @@ import numpy as np
 from onnx import TensorProto
 
 __all__ = [
+    "F32",
     "FLOAT_TYPES",
     "LOW_PRECISIONS",
     "LOW_TYPES",
     "PRECISIONS",
+    "TYPE_NAME",
+    "TYPE_STR",
     "Precision",
     "PrecisionInfo",
+    "is_float",
     "precision_of_elem_type",
 ]
 
@@ -139,3 +143,14 @@ _BY_ELEM_TYPE = {info.elem_type: p for p, info in PRECISIONS.items()}
 def precision_of_elem_type(elem_type: int) -> Precision | None:
     """The precision of an ONNX element type, or None for a type we never retype."""
     return _BY_ELEM_TYPE.get(elem_type)
+
+
+F32 = TensorProto.FLOAT
+#: A precision's element type -> its name in ONNX type constraints ("tensor(float16)").
+TYPE_STR = {info.elem_type: info.type_str for info in PRECISIONS.values()}
+#: A precision's element type -> its TensorProto name ("FLOAT16").
+TYPE_NAME = {info.elem_type: info.onnx_name for info in PRECISIONS.values()}
+
+
+def is_float(elem: int | None) -> bool:
+    return elem in FLOAT_TYPES

@@ -29,7 +29,14 @@ import onnx
 from onnx import GraphProto, NodeProto, TensorProto
 
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
+from rlx_onnx_amp.taxonomy import (
+    DEFAULT_DOMAINS,
+    SOURCE_VALUE_ATTRIBUTES,
+    OpKind,
+    canonical_domain,
+    copies_values,
+    kind_of,
+)
 from rlx_onnx_amp.tensors import WeightSource, is_external
 from rlx_onnx_amp.types import NodeFields, ReadAttribute, initializer_rows, names_read, scoped_graphs, subgraphs
 
@@ -167,6 +174,7 @@ class NumericFacts:
         self._consumers: dict[int, dict[str, list[tuple[NodeProto, int]]]] = {}
         self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
         self._singular: frozenset[str] | None = None
+        self._dequantized: dict[str, frozenset[tuple[str, str]]] | None = None
         # One walk over every graph: the Constant-like weights, and whether integer accumulators
         # (rule dequantize-arithmetic) are there at all.
         accumulators = {op for _, op in INTEGER_ACCUMULATORS}
@@ -199,6 +207,19 @@ class NumericFacts:
         #: Values that DynamicQuantizeLinear quantizes at run time: their producers belong to the
         #: quantized region (a value rounded to f16 first lands in other quantization bins).
         self.quantized_at_run_time = frozenset(scales if self.has_accumulators else ())
+
+    # -- weight dequantization -------------------------------------------------------------
+    def dequantized(self) -> Mapping[str, frozenset[tuple[str, str]]]:
+        """Value key -> the (domain, op) of the Compute nodes it finally feeds, for every value
+        of a weight's dequantization: a Cast of an integer initializer to float, or a
+        DequantizeLinear of one, and the arithmetic and reshaping after it (`DEQUANTIZE_STEPS`),
+        where each reader is such a step or a Compute node (rule dequantize-follows-consumer).
+        Computed on first use."""
+        if self._dequantized is None:
+            self._dequantized = {}
+            for path, graph in self._graphs:
+                self._dequantized.update(_dequantized_in(graph, path))
+        return self._dequantized
 
     # -- weights ---------------------------------------------------------------------------
     def _weight_table(self) -> dict[str, TensorProto | NodeProto]:
@@ -427,3 +448,54 @@ def _graphs(graph: GraphProto) -> Iterable[GraphProto]:
 
 def _read_in_bodies(graph: GraphProto) -> set[str]:
     return {name for node in graph.node for _, body in subgraphs(node) for name in names_read(body)}
+
+
+#: What a weight-only dequantization passes its weight through between the integer tensor and
+#: the Compute node: the zero point, the scale, and the reshaping to the weight's layout.
+DEQUANTIZE_STEPS = frozenset({"Mul", "Sub", "Add", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+_INTEGER_WEIGHTS = frozenset({
+    TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT16, TensorProto.UINT16,
+})
+
+
+def _dequantized_in(graph: GraphProto, path: str) -> dict[str, frozenset[tuple[str, str]]]:
+    """`NumericFacts.dequantized` for one graph."""
+    integers = {t.name for t in graph.initializer if t.data_type in _INTEGER_WEIGHTS}
+    if not integers:
+        return {}
+    readers: dict[str, list[NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(node)
+    starts = [
+        node.output[0]
+        for node in graph.node
+        if node.input and node.input[0] in integers and node.output and canonical_domain(node.domain) == ""
+        and node.op_type in ("Cast", "DequantizeLinear")
+    ]
+    finals: dict[str, frozenset[tuple[str, str]] | None] = {}
+
+    def feeds(value: str) -> frozenset[tuple[str, str]] | None:
+        """The Compute nodes `value` finally feeds; None where it feeds anything else."""
+        if value in finals:
+            return finals[value]
+        finals[value] = None  # a cycle cannot happen in a valid graph; this guards the walk
+        found: set[tuple[str, str]] = set()
+        for reader in readers.get(value, ()):
+            key = (canonical_domain(reader.domain), reader.op_type)
+            if key[0] == "" and reader.op_type in DEQUANTIZE_STEPS and reader.output:
+                below = feeds(reader.output[0])
+                if below is None:
+                    return None
+                found |= below
+            elif kind_of(*key) is OpKind.COMPUTE:
+                found.add(key)
+            else:
+                return None
+        finals[value] = frozenset(found) if found else None
+        return finals[value]
+
+    for start in starts:
+        feeds(start)
+    return {scoped_name(path, v): ops for v, ops in finals.items() if ops}

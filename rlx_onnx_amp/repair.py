@@ -1,7 +1,7 @@
 """Auto-repair: meet the drift tolerance with as much low-precision work as possible.
 
 The search, each step deterministic and independent of node names. It only ever spends an
-evaluation on nodes the converter can keep (`ConversionReport.keepable`: in low precision, and
+evaluation on nodes the converter can keep (`NodeIndex.keepable`: in low precision, and
 not a Constant-like node, a Cast, control flow or an unknown op).
 
 1. **Magnitude screen** (one f32 reference run, no candidate evaluation), over every tensor,
@@ -41,30 +41,39 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.api import convert, load_model, resolve_policy, stage_conversion
+from rlx_onnx_amp.api import convert_and_report, load_model, resolve_policy, stage_conversion
 from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, Precision, PrecisionInfo
 from rlx_onnx_amp.ranges import NumericFacts
-from rlx_onnx_amp.reports.conversion import ConversionReport
-from rlx_onnx_amp.rewrite import ConvertOptions
+from rlx_onnx_amp.reports.record import (
+    Conversion,
+    HeldOut,
+    Localized,
+    Repair,
+    RepairBest,
+    RepairKeep,
+    RepairStep,
+    Verification,
+)
+from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, why_not_keepable
 from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
 from rlx_onnx_amp.tensors import WeightSource, tensor_nbytes
 from rlx_onnx_amp.types import model_types, names_read, scoped_graphs, subgraphs
 from rlx_onnx_amp.verification.compare import Scratch, VerifyOptions
-from rlx_onnx_amp.verification.core import Judgement, Verification, VerifyReport
+from rlx_onnx_amp.verification.core import Judgement, Verifier
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.localize import expose_outputs
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
+from rlx_onnx_amp.verification.reference import Reference, choosing_sets, input_sets
 from rlx_onnx_amp.verification.screen import expose_body_values
 
-__all__ = ["DEFAULT_BUDGET", "Evaluation", "RepairResult", "Screen", "best_key", "magnitude_screen", "repair_file"]
+__all__ = ["DEFAULT_BUDGET", "Evaluation", "Screen", "best_key", "magnitude_screen", "repair_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,44 +118,14 @@ class Evaluation:
     passed: bool
     score: float
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "evaluation": self.index,
-            "stage": self.stage,
-            "kept": len(self.keep),
-            "passed": self.passed,
-            "score": self.score,
-        }
+    def step(self, written: bool) -> RepairStep:
+        return RepairStep(self.index, self.stage, len(self.keep), self.passed, self.score, written)
 
 
 def best_key(e: Evaluation) -> tuple[int, int, float, int]:
     """Sort key of candidates, best first: passing ones by fewest kept nodes then score;
     failing ones by score; the earlier evaluation on a tie."""
     return (0, len(e.keep), e.score, e.index) if e.passed else (1, 0, e.score, e.index)
-
-
-@dataclass
-class RepairResult:
-    passed: bool
-    evaluations: int
-    kept: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {node, op, reason}
-    compute_low_share: float | None = None  # None: the model has no Compute nodes
-    weight_low_share: float | None = None  # None: the model has no float weights
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best: dict[str, Any] | None = None  # the evaluation written: {evaluation, stage, score, kept}
-    minimality: str = "not checked"  # "checked", "partial (N of M kept nodes tried)", "not checked"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "evaluations": self.evaluations,
-            "kept_f32": [{"path": p, **v} for p, v in self.kept.items()],
-            "compute_low_share": self.compute_low_share,
-            "weight_low_share": self.weight_low_share,
-            "best": self.best,
-            "minimality": self.minimality,
-            "history": self.history,
-        }
 
 
 def magnitude_screen(
@@ -279,9 +258,9 @@ def _rounding_loss(values: np.ndarray, info: PrecisionInfo) -> float:
 
 class _Evaluator:
     """Converts the reference with a set of kept node paths and judges the candidate against the
-    reference's one run (`Verification.judge`)."""
+    reference's one run (`Verifier.judge`)."""
 
-    def __init__(self, verification: Verification, policy: Policy, options: ConvertOptions) -> None:
+    def __init__(self, verification: Verifier, policy: Policy, options: ConvertOptions) -> None:
         self.verification = verification
         self.policy = policy
         self.options = options
@@ -290,18 +269,26 @@ class _Evaluator:
         self.judgement: Judgement | None = None
         self.candidate: onnx.ModelProto | None = None
 
-    def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, ConversionReport]:
-        """(passed, score, report); score: the worst output's `OutputDrift.score`."""
+    def conversion_of(self, keep: Mapping[str, str]) -> Conversion:
+        """What converting with `keep` does, without evaluating it (a dry run of the weights)."""
+        work = onnx.ModelProto()
+        work.CopyFrom(self.model)
+        options = dataclasses.replace(_with_kept(self.options, keep), cost=False)
+        return convert_model(work, self.policy, options, weights=False)
+
+    def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, Conversion]:
+        """(passed, score, conversion); score: the worst output's `OutputResult.score`."""
         self.evaluations += 1
-        report = ConversionReport()
         # Not proven here: onnxruntime loads (or emulates) it next, and the model written is
         # staged and proven as any conversion is.
-        candidate = convert(self.model, self.policy, options=_with_kept(self.options, keep), report=report, check=False)
+        candidate, conversion = convert_and_report(
+            self.model, self.policy, options=_with_kept(self.options, keep), check=False
+        )
         self.judgement = None  # release the previous candidate first
         self.judgement, self.candidate = self.verification.judge(candidate), candidate
-        return self.judgement.passed, self.judgement.score, report
+        return self.judgement.passed, self.judgement.score, conversion
 
-    def localize_first(self) -> list[dict[str, Any]]:
+    def localize_first(self) -> list[Localized]:
         assert self.judgement is not None
         return self.verification.localize(self.judgement, 50)
 
@@ -314,7 +301,7 @@ class _Search:
         self.budget = budget
         self.progress = progress
         self.history: list[Evaluation] = []
-        self.report: ConversionReport | None = None  # of the last evaluation
+        self.report: Conversion | None = None  # of the last evaluation
         self.whole_pool_tried = False  # `bisect` tries a whole pool once
 
     @property
@@ -397,8 +384,13 @@ class _Search:
 def _with_kept(options: ConvertOptions, keep: Mapping[str, str]) -> ConvertOptions:
     """The user's options plus the node paths repair keeps in f32."""
     return dataclasses.replace(
-        options, keep_f32_paths={**options.keep_f32_paths, **{p: f"repair: {r}" for p, r in keep.items()}}
+        options, keep_f32_paths={**options.keep_f32_paths, **{p: _keep_reason(r) for p, r in keep.items()}}
     )
+
+
+def _keep_reason(reason: str) -> str:
+    """What the report says of a node the search kept: `repair: drift`; `CAST_COST` says its own why."""
+    return reason if reason == CAST_COST else f"repair: {reason}"
 
 
 def repair_file(
@@ -413,7 +405,7 @@ def repair_file(
     progress: Callable[[str], None] | None = None,
     outputs: OutputSet | None = None,
     paths: RunPaths | None = None,
-) -> tuple[ConversionReport, VerifyReport, RepairResult]:
+) -> tuple[Conversion, Verification, Repair]:
     """Convert, verify, and keep nodes in f32 until the drift passes or the budget runs out.
 
     With `outputs` the model (and `--save-inputs`) are staged there for the caller to commit;
@@ -437,6 +429,15 @@ def repair_file(
     return result
 
 
+@dataclass
+class _Found:
+    """What a search settled on: the candidate to write, how minimal it is, what it could keep."""
+
+    chosen: Evaluation
+    minimality: str
+    keepable: dict[str, tuple[str, str]]
+
+
 def _repair(
     src: Path,
     dst: Path,
@@ -448,83 +449,176 @@ def _repair(
     progress: Callable[[str], None] | None,
     outputs: OutputSet,
     paths: RunPaths,
-) -> tuple[ConversionReport, VerifyReport, RepairResult]:
-    with Verification.prepare(src, verify_options, scratch_prefix="rlx-amp-repair-") as verification:
-        ev = _Evaluator(verification, resolved, options)
-        search = _Search(ev, budget, progress)
-        current = search.step("policy", {})
-        assert search.report is not None and ev.judgement is not None and ev.candidate is not None
-        keepable = dict(search.report.keepable)  # what the policy lowered and a keep can give back
-        precision = ev.judgement.compared.precision
-        screen = Screen()
-        if not current.passed and precision is not Precision.F32 and search.left >= 1:
-            # The candidate just evaluated is the policy's own conversion.
-            reference = verification.reference
-            screen = magnitude_screen(
-                ev.model, ev.candidate, reference.samples[0], precision, reference.provider, verification.scratch
+) -> tuple[Conversion, Verification, Repair]:
+    with contextlib.ExitStack() as stack:
+        # `auto` starts where the plain command ends: the range screen of the same reference run
+        # keeps what the low type cannot hold (rule range-screen) before the first evaluation.
+        # With several input sets, only the first half (`choosing_sets`) steers it, screen included.
+        sets = len(input_sets(load_model(src), verify_options)) if resolved.searches else 0
+        full = stack.enter_context(
+            Verifier.prepare(
+                src, verify_options, screen=resolved.searches, scratch_prefix="rlx-amp-repair-",
+                screened_sets=choosing_sets(sets) if resolved.searches else None,
             )
-            screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
-            if screen.keep:
-                current = search.step("magnitude screen", screen.keep)
-        # Until some candidate passes: a bisection can pass on a half and end on a failing node,
-        # and starting over from there would only add nodes that do not help.
-        while not search.best.passed and search.left >= 1:
-            named = []
-            for found in ev.localize_first():
-                if found["path"] in current.keep or found["path"] in screen.absorbed:
-                    continue
-                why = search.report.why_not_keepable(found["path"]) if found["path"] not in keepable else None
-                node = ev.model.graph.node[int(found["path"])]
-                if why is None and copies_values(node.domain, node.op_type):
-                    why = "its outputs only hold its inputs' values (VALUE_EXACT_OPS): kept alone it moves the rounding"
-                if why is None:
-                    named.append(found)
-                    break
-                logger.info("localize names %s (%s), which no keep changes: %s", found["node"], found["reason"], why)
-            if named:
-                current = search.step(f"localize {named[0]['node']}", {**current.keep, named[0]["path"]: "drift"})
-                continue
-            remaining = sorted(set(keepable) - set(current.keep), key=_path_key)
-            if not remaining:
-                break
-            last = search.bisect(dict(current.keep), remaining)
-            if last is None:
-                break
-            current = last
-        minimality = "not checked"
-        if search.best.passed and search.left >= 1:
-            compute = {p for p, (_, op) in keepable.items() if kind_of(*_split(op)) is OpKind.COMPUTE}
-            minimality = search.minimize(search.best, screen.consumers_only, compute)
-        best = search.best
-        staged = stage_conversion(
-            src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, best.keep)
         )
-        conversion = staged.report
-        # The model written, proven against the same reference run.
-        verified = verification.verify(staged.path, label=str(dst), outputs=outputs)
-    result = RepairResult(
-        verified.passed,
-        ev.evaluations,
-        history=[e.to_json() for e in search.history],
-        best={"evaluation": best.index, "stage": best.stage, "score": best.score, "kept": len(best.keep)},
-        minimality=minimality,
+        reference = full.reference
+        # The MACs are counted at the shapes the run uses.
+        run_shapes = {k: tuple(v.shape) for k, v in reference.samples[0].items()}
+        ranges = reference.value_ranges or options.value_ranges
+        options = dataclasses.replace(options, shapes={**run_shapes, **options.shapes}, value_ranges=ranges)
+        choosing, confirming, held_out = full, full, None
+        if resolved.searches and len(reference.samples) >= 2:
+            # `auto` with several input sets: the first half steers the search, the rest confirm it.
+            k = choosing_sets(len(reference.samples))
+            choosing = stack.enter_context(Verifier(_sets(reference, slice(0, k)), verify_options, "rlx-amp-repair-"))
+            confirming = stack.enter_context(
+                Verifier(_sets(reference, slice(k, None)), verify_options, "rlx-amp-repair-")
+            )
+            held_out = (k, len(reference.samples) - k)
+        ev = _Evaluator(choosing, resolved, options)
+        search = _Search(ev, budget, progress)
+        found = _search(ev, search, choosing)
+        chosen = found.chosen
+        staged = stage_conversion(
+            src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, chosen.keep)
+        )
+        conversion = staged.conversion
+        # The model written, proven against the same reference run (the held-out sets, if any).
+        verified = confirming.verify(staged.path, label=str(dst), outputs=outputs)
+        confirmed = None
+        if held_out is not None:
+            choosing_passed = choosing.judge(load_model(staged.path), staged.path, label=str(dst)).passed
+            confirmed = HeldOut(held_out[0], held_out[1], choosing_passed)
+    in_order = sorted(chosen.keep.items(), key=lambda kv: _path_key(kv[0]))
+    kept = tuple(RepairKeep(path, *found.keepable[path], reason) for path, reason in in_order)
+    compute_share, weight_share = _shares(ev.model, conversion)
+    result = Repair(
+        passed=verified.passed,
+        evaluations=ev.evaluations,
+        kept_f32=kept,
+        compute_low_share=compute_share,
+        weight_low_share=weight_share,
+        best=RepairBest(chosen.index, chosen.stage, chosen.score, len(chosen.keep)),
+        minimality=found.minimality,
+        history=tuple(e.step(written=e.index == chosen.index) for e in search.history),
+        held_out=confirmed,
     )
-    for e in result.history:
-        e["written"] = e["evaluation"] == best.index
-    for path, reason in sorted(best.keep.items(), key=lambda kv: _path_key(kv[0])):
-        label, op = keepable[path]
-        result.kept[path] = {"node": label, "op": op, "reason": reason}
-    result.compute_low_share, result.weight_low_share = _shares(ev.model, conversion)
-    conversion.verify = verified.to_json()
-    conversion.repair = result.to_json()
     return conversion, verified, result
+
+
+def _sets(reference: Reference, which: slice) -> Reference:
+    """The reference's run on some of its input sets."""
+    return dataclasses.replace(reference, samples=reference.samples[which], runs=reference.runs[which])
+
+
+def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
+    """The search (module docstring): the policy's conversion, the magnitude screen, then
+    localization and bisection until a candidate passes, then minimization; for `auto`, the
+    low islands that run no compute kept f32 last (`cast_cost_keeps`)."""
+    current = search.step("policy", {})
+    assert search.report is not None and ev.judgement is not None and ev.candidate is not None
+    keepable = dict(search.report.index.keepable)  # what the policy lowered and a keep can give back
+    precision = ev.judgement.compared.precision
+    screen = Screen()
+    if not current.passed and precision is not Precision.F32 and search.left >= 1:
+        # The candidate just evaluated is the policy's own conversion.
+        reference = verification.reference
+        screen = magnitude_screen(
+            ev.model, ev.candidate, reference.samples[0], precision, reference.provider, verification.scratch
+        )
+        screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
+        if screen.keep:
+            current = search.step("magnitude screen", screen.keep)
+    # Until some candidate passes: a bisection can pass on a half and end on a failing node,
+    # and starting over from there would only add nodes that do not help.
+    while not search.best.passed and search.left >= 1:
+        named = _first_keepable(ev, search, current, screen, keepable)
+        if named is not None:
+            current = search.step(f"localize {named.node}", {**current.keep, named.path: "drift"})
+            continue
+        remaining = sorted(set(keepable) - set(current.keep), key=_path_key)
+        if not remaining:
+            break
+        last = search.bisect(dict(current.keep), remaining)
+        if last is None:
+            break
+        current = last
+    minimality = "not checked"
+    if search.best.passed and search.left >= 1:
+        compute = {p for p, (_, op) in keepable.items() if kind_of(*_split(op)) is OpKind.COMPUTE}
+        minimality = search.minimize(search.best, screen.consumers_only, compute)
+    chosen = search.best
+    if ev.policy.searches and chosen.passed and search.left >= 1:
+        islands = cast_cost_keeps(ev.model, ev.conversion_of(chosen.keep).index.decisions, keepable)
+        if islands:
+            trial = search.step(f"cast cost: {len(islands)} nodes", {**chosen.keep, **islands})
+            chosen = trial if trial.passed else chosen
+    return _Found(chosen, minimality, keepable)
+
+
+def _first_keepable(
+    ev: _Evaluator, search: _Search, current: Evaluation, screen: Screen, keepable: Mapping[str, tuple[str, str]]
+) -> Localized | None:
+    """The first node localization names that a keep changes, and is worth keeping alone."""
+    assert search.report is not None
+    for found in ev.localize_first():
+        if found.path in current.keep or found.path in screen.absorbed:
+            continue
+        why = why_not_keepable(search.report.index, found.path) if found.path not in keepable else None
+        node = ev.model.graph.node[int(found.path)]
+        if why is None and copies_values(node.domain, node.op_type):
+            why = "its outputs only hold its inputs' values (VALUE_EXACT_OPS): kept alone it moves the rounding"
+        if why is None:
+            return found
+        logger.info("localize names %s (%s), which no keep changes: %s", found.node, found.reason, why)
+    return None
+
+
+#: The reason `auto` gives a node it keeps in f32 for what its Casts cost.
+CAST_COST = "cast-cost: a low-precision island that runs no compute saves less than its Casts cost"
+
+
+def cast_cost_keeps(
+    model: onnx.ModelProto, decisions: Mapping[str, str], keepable: Mapping[str, tuple[str, str]]
+) -> dict[str, str]:
+    """The main graph's low-precision islands (nodes in f16/bf16 joined by the values they share)
+    that hold no Compute node: lowered, they only add Casts at their borders, each reading and
+    writing the value, for elementwise work that was never the cost. Their keepable nodes, to
+    keep in f32 (`CAST_COST`)."""
+    low = {
+        str(i): node
+        for i, node in enumerate(model.graph.node)
+        if decisions.get(str(i)) in ("f16", "bf16")
+    }
+    producer = {out: path for path, node in low.items() for out in node.output if out}
+    parent = {path: path for path in low}
+
+    def root(path: str) -> str:
+        while parent[path] != path:
+            parent[path] = parent[parent[path]]
+            path = parent[path]
+        return path
+
+    for path, node in low.items():
+        for name in node.input:
+            if name in producer:
+                parent[root(producer[name])] = root(path)
+    islands: dict[str, list[str]] = {}
+    for path in low:
+        islands.setdefault(root(path), []).append(path)
+    keeps: dict[str, str] = {}
+    for members in islands.values():
+        if any(kind_of(low[p].domain, low[p].op_type) is OpKind.COMPUTE for p in members):
+            continue
+        keeps.update({p: CAST_COST for p in members if p in keepable})
+    return keeps
 
 
 def _path_key(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in path.split("/") if p.isdigit())
 
 
-def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | None, float | None]:
+def _shares(model: onnx.ModelProto, report: Conversion) -> tuple[float | None, float | None]:
     compute = [
         prec
         for op, counts in report.by_op.items()
@@ -534,7 +628,7 @@ def _shares(model: onnx.ModelProto, report: ConversionReport) -> tuple[float | N
     ]
     compute_share = sum(1 for p in compute if p in LOW_PRECISIONS) / len(compute) if compute else None
     float_bytes = sum(tensor_nbytes(t) for t in model.graph.initializer if t.data_type in FLOAT_TYPES)
-    saved = report.initializer_bytes_before - report.initializer_bytes_after
+    saved = report.initializer_bytes.before - report.initializer_bytes.after
     if not float_bytes:
         return compute_share, None
     return compute_share, min(2 * saved / float_bytes, 1.0)  # narrowing f32 to 16 bits saves half its bytes

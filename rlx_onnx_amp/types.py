@@ -17,16 +17,14 @@ import heapq
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import onnx
 import onnx.shape_inference
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
+from rlx_onnx_amp.schema import OpSignature, signature
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, canonical_domain
-
-if TYPE_CHECKING:
-    from rlx_onnx_amp.schema import OpSignature
 
 __all__ = [
     "ATTRIBUTE_TYPED_OUTPUTS",
@@ -537,7 +535,6 @@ def declared_types(graph: GraphProto, fields: NodeFields | None = None) -> dict[
 def schema_types(model: ModelProto) -> ScopeTypes | None:
     """Element types of the main graph's values from op schemas alone, or None when a value
     cannot be typed that way for certain (then `infer_types` must run)."""
-    from rlx_onnx_amp.schema import signature  # schema imports nothing from here; avoids a cycle at import
 
     graph = model.graph
     opsets = opset_versions(model)

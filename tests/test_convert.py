@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, Fixture, write_external
-from rlx_onnx_amp import ConversionReport, convert, convert_file
+from rlx_onnx_amp import convert, convert_and_report, convert_file
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.inputs import InputSpec, synthesize
@@ -48,8 +48,7 @@ def test_fixture_converts_validly(name: str, policy: str, tmp_path: Path) -> Non
     fixture = _build(name)
     original = fixture.model
     before = original.SerializeToString()
-    report = ConversionReport()
-    converted = convert(original, policy, report=report)
+    converted, report = convert_and_report(original, policy)
     assert original.SerializeToString() == before, "the input model was modified"
 
     path = tmp_path / "out.onnx"
@@ -83,10 +82,10 @@ def test_fixture_converts_validly(name: str, policy: str, tmp_path: Path) -> Non
         assert converted.SerializeToString() == before
     elif policy == "auto-mixed-bf16":
         assert low_types <= {TensorProto.BFLOAT16}
-        assert (report.by_precision["bf16"] > 0) == (name not in NOTHING_TO_LOWER)
+        assert (report.nodes.by_precision["bf16"] > 0) == (name not in NOTHING_TO_LOWER)
     else:
         assert low_types <= {TensorProto.FLOAT16}
-        assert (report.by_precision["f16"] > 0) == (name not in NOTHING_TO_LOWER)
+        assert (report.nodes.by_precision["f16"] > 0) == (name not in NOTHING_TO_LOWER)
 
     # Converting the converted model again with the same policy changes nothing.
     again = convert(converted, policy)
@@ -157,8 +156,7 @@ def test_shared_initializer_gets_one_cast_under_auto_mixed() -> None:
 def test_cast_counts_on_a_small_chain() -> None:
     # x -> MatMul(f32) -> Add(f16) -> Mul(f16) -> Sigmoid(f16) -> y under auto-mixed:
     # one Cast into the f16 region (the MatMul output) and one back to the graph output.
-    report = ConversionReport()
-    converted = convert(HEALTHY["constant_weights"]().model, "auto-mixed", report=report)
+    converted, report = convert_and_report(HEALTHY["constant_weights"]().model, "auto-mixed")
     assert report.casts_inserted == 2
     kinds = [n.op_type for n in converted.graph.node]
     assert kinds.count("Cast") == 2
@@ -166,15 +164,13 @@ def test_cast_counts_on_a_small_chain() -> None:
 
 
 def test_constants_convert_like_initializers_and_clamp() -> None:
-    report = ConversionReport()
-    converted = convert(HEALTHY["constant_of_shape"]().model, "always-f16", report=report)
+    converted, report = convert_and_report(HEALTHY["constant_of_shape"]().model, "always-f16")
     plane = _node(converted, "mask_plane")
     value = onnx.numpy_helper.to_array(plane.attribute[0].t)
     assert value.dtype == np.float16 and float(value[0]) == -65504.0
     assert report.clamped["neg"]["clamped"] == 1 and report.clamped["neg"]["worst"] == pytest.approx(-3.4e38, rel=1e-6)
 
-    report = ConversionReport()
-    block = convert(HEALTHY["transformer_block"]().model, "auto-mixed", report=report)
+    block, report = convert_and_report(HEALTHY["transformer_block"]().model, "auto-mixed")
     mask = onnx.numpy_helper.to_array(_node(block, "neg_big_const").attribute[0].t)
     assert mask.dtype == np.float16 and float(mask) == -65504.0
     assert report.clamped["neg_big"]["clamped"] == 1
@@ -207,8 +203,7 @@ def test_float_attribute_constants_become_one_low_tensor_attribute() -> None:
         opset_imports=[h.make_opsetid("", 17)],
     )
     onnx.checker.check_model(model, full_check=True)
-    report = ConversionReport()
-    converted = convert(model, "always-f16", report=report)
+    converted, report = convert_and_report(model, "always-f16")
     expected = {"scalar": ([], [0.5]), "vector": ([3], [1.5, -2.0, 0.0]), "zeros": ([1], [0.0])}
     for name, (dims, values) in expected.items():
         node = _node(converted, name)
@@ -225,8 +220,7 @@ def test_float_attribute_constants_become_one_low_tensor_attribute() -> None:
 
 
 def test_existing_casts_keep_their_to() -> None:
-    report = ConversionReport()
-    converted = convert(HEALTHY["existing_casts"]().model, "always-f16", report=report)
+    converted, report = convert_and_report(HEALTHY["existing_casts"]().model, "always-f16")
     assert _node(converted, "to_half").attribute[0].i == TensorProto.FLOAT16
     assert _node(converted, "pos_cast").attribute[0].i == TensorProto.FLOAT
     # relu_half reads the f16 value directly; the f32 round trip is not folded away
@@ -248,8 +242,7 @@ def test_no_cast_is_wasted_when_a_mixed_model_is_converted_again(tmp_path: Path)
 
     original = HEALTHY["transformer_block"]().model
     mixed = convert(original, "auto-mixed")
-    again_report = ConversionReport()
-    again = convert(mixed, "always-f16", report=again_report)
+    again, again_report = convert_and_report(mixed, "always-f16")
     types = model_types(again)[""]
     casts = [n for n in again.graph.node if n.op_type == "Cast"]
     assert not [n.name for n in casts if types.get(n.input[0]) == n.attribute[0].i]  # none to its own type
@@ -273,25 +266,22 @@ def test_schema_keeps_resize_scales_and_dynamic_quantize_input() -> None:
     conv = convert(HEALTHY["conv_net"]().model, "always-f16")
     assert _init(conv, "resize_scales").data_type == TensorProto.FLOAT  # Resize-13 scales: tensor(float)
     assert _node(conv, "upsample").input[2] == "resize_scales"
-    report = ConversionReport()
-    dq = convert(HEALTHY["dynamic_quant_model"]().model, "always-f16", report=report)
+    dq, report = convert_and_report(HEALTHY["dynamic_quant_model"]().model, "always-f16")
     assert _node(dq, "dyn_q").input[0] == "x"  # DynamicQuantizeLinear takes float only
-    assert report.decisions["0"] == "f32"  # Boundary: never lowered
+    assert report.index.decisions["0"] == "f32"  # Boundary: never lowered
     # A type variable that does not admit the target keeps the whole node when nothing else can move:
     # Einsum admits no bfloat16 at any opset.
     einsum = onnx.parser.parse_model("""
         <ir_version: 10, opset_import: ["" : 13]>
         g (float[2,3] a, float[3,4] b) => (float[2,4] y) { y = Einsum <equation: string = "ij,jk->ik"> (a, b) }
     """)
-    report = ConversionReport()
-    out = convert(einsum, "auto-mixed-bf16", report=report)
+    out, report = convert_and_report(einsum, "auto-mixed-bf16")
     assert [(k.reason, k.code) for k in report.kept_f32] == [("schema: Einsum-12 does not admit bf16 for T", "schema-admits")]
     assert out.graph.node[0].input[:] == ["a", "b"] and report.casts_inserted == 0
 
 
 def test_qdq_region_stays_f32() -> None:
-    report = ConversionReport()
-    converted = convert(HEALTHY["qdq_model"]().model, "always-f16", report=report)
+    converted, report = convert_and_report(HEALTHY["qdq_model"]().model, "always-f16")
     kept = {k.node: k.code for k in report.kept_f32}
     assert kept["conv"] == kept["relu"] == "qdq-region"
     assert report.casts_inserted == 0
@@ -299,13 +289,12 @@ def test_qdq_region_stays_f32() -> None:
 
 
 def test_control_flow_bodies_are_rewritten() -> None:
-    report = ConversionReport()
-    converted = convert(HEALTHY["control_flow"]().model, "always-f16", report=report)
+    converted, report = convert_and_report(HEALTHY["control_flow"]().model, "always-f16")
     # Every node of the original, bodies included, has a decision; the body nodes run in f16.
     original = HEALTHY["control_flow"]().model
-    assert len(report.decisions) == sum(1 for _ in all_nodes(original))
-    assert report.decisions[_path_of(original, "inner_tanh")] == "f16"
-    assert report.decisions[_path_of(original, "then_mul")] == "f16"
+    assert len(report.index.decisions) == sum(1 for _ in all_nodes(original))
+    assert report.index.decisions[_path_of(original, "inner_tanh")] == "f16"
+    assert report.index.decisions[_path_of(original, "then_mul")] == "f16"
     kept = {k.node: k.code for k in report.kept_f32}
     assert kept["branch"] == kept["outer_loop"] == "control-flow"
     inferred = elem_types(onnx.shape_inference.infer_shapes(converted))
@@ -318,8 +307,7 @@ def test_control_flow_bodies_are_rewritten() -> None:
 
 def test_user_keeps(tmp_path: Path) -> None:
     model = HEALTHY["transformer_block"]().model
-    report = ConversionReport()
-    convert(model, "always-f16", report=report, keep_f32_ops=["Softmax"], keep_f32_nodes=["^fc[12]$"])
+    _, report = convert_and_report(model, "always-f16", keep_f32_ops=["Softmax"], keep_f32_nodes=["^fc[12]$"])
     kept = {k.node: k.reason for k in report.kept_f32}
     assert kept["softmax"] == "user: --keep-f32-op Softmax"
     assert kept["fc1"].startswith("user: --keep-f32-node") and kept["fc2"].startswith("user")
@@ -337,8 +325,7 @@ def test_no_keep_io_types_lowers_inputs_and_outputs() -> None:
 
 
 def test_report_json_keys_and_bytes() -> None:
-    report = ConversionReport()
-    convert(HEALTHY["mlp_external"]().model, "always-f16", report=report)
+    _, report = convert_and_report(HEALTHY["mlp_external"]().model, "always-f16")
     data = report.to_json()
     for key in ("model", "output", "policy", "nodes", "by_kind", "casts_inserted", "kept_f32", "clamped", "initializer_bytes"):
         assert key in data
@@ -412,13 +399,12 @@ def _repeated_chain(n: int = 6) -> onnx.ModelProto:
 
 def test_user_keeps_apply_to_nodes_that_share_a_template() -> None:
     model = _repeated_chain()
-    report = ConversionReport()
-    converted = convert(model, "always-f16", report=report, keep_f32_nodes=["^add3$"], keep_f32_ops=["Relu"],
+    converted, report = convert_and_report(model, "always-f16", keep_f32_nodes=["^add3$"], keep_f32_ops=["Relu"],
                         keep_f32_paths={"4": "repair: kept"})
     kept = {k.node: k.reason for k in report.kept_f32}
     assert kept == {"add3": "user: --keep-f32-node ^add3$", "add2": "repair: kept",
                     **{f"relu{k}": "user: --keep-f32-op Relu" for k in range(6)}}
-    precisions = {n: report.decisions[str(i)] for i, n in enumerate(f"{op}{k}" for k in range(6) for op in ("add", "relu"))}
+    precisions = {n: report.index.decisions[str(i)] for i, n in enumerate(f"{op}{k}" for k in range(6) for op in ("add", "relu"))}
     assert [precisions[f"add{k}"] for k in range(6)] == ["f16", "f16", "f32", "f32", "f16", "f16"]
     adds = {n.name: n for n in converted.graph.node if n.op_type == "Add"}
     casts = {n.output[0]: n.attribute[0].i for n in converted.graph.node if n.op_type == "Cast"}
@@ -439,14 +425,13 @@ def test_schema_typing_starts_over_with_inference_when_a_late_value_cannot_be_ty
     model.graph.node.extend([tail, mix])
     del model.graph.output[:]
     model.graph.output.extend([helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
-    report = ConversionReport()
     with caplog.at_level("DEBUG", logger="rlx_onnx_amp.rewrite"):
-        converted = convert(model, "always-f16", report=report)
+        converted, report = convert_and_report(model, "always-f16")
     assert any("schema typing gave up (output 'noise' of RandomNormalLike)" in r.message for r in caplog.records)
     onnx.checker.check_model(converted, full_check=True)
     noise = next(n for n in converted.graph.node if n.name == "noise")
     assert [a.i for a in noise.attribute if a.name == "dtype"] == [TensorProto.FLOAT16]  # lowered with its node (rule typed-attributes)
-    assert report.decisions == {str(i): "f16" for i in range(len(model.graph.node))}
+    assert report.index.decisions == {str(i): "f16" for i in range(len(model.graph.node))}
     assert converted.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     out = run(converted, {"x": np.ones(4, np.float32)})[0]
     assert out.dtype == np.float32 and out.shape == (4,)
@@ -457,8 +442,7 @@ def test_a_source_kept_f32_is_clamped_for_its_low_readers() -> None:
     mask plane stays f32 and is cast to bf16 where it is read. Past bf16's range that Cast
     would give -Inf (and -Inf * 0 = NaN in the mask multiply): the value is clamped in f32."""
     fixture = HEALTHY["constant_of_shape"]()
-    report = ConversionReport()
-    converted = convert(fixture.model, "auto-mixed-bf16", report=report)
+    converted, report = convert_and_report(fixture.model, "auto-mixed-bf16")
     neg = _node(converted, "mask_plane")
     value = onnx.numpy_helper.to_array(neg.attribute[0].t)
     assert neg.attribute[0].t.data_type == TensorProto.FLOAT
@@ -479,26 +463,22 @@ def test_every_kept_node_has_a_stable_reason_code() -> None:
     for name, build in {**HEALTHY, **BROKEN_IN_F16}.items():
         for policy in ("always-f16", "auto-mixed", "auto-mixed-bf16"):
             for target in ("cuda", "cpu"):
-                report = ConversionReport()
-                convert(build().model, policy, report=report, target=target)
+                _, report = convert_and_report(build().model, policy, target=target)
                 for k in report.kept_f32:
                     assert k.code in REASON_CODES, (name, policy, target, k)
                     assert k.to_json()["code"] == k.code
                     seen.setdefault(name, set()).add(k.code)
     assert "qdq-region" in seen["qdq_model"] and "control-flow" in seen["control_flow"]
     assert "kernel-table" in seen["conv_net"]  # bf16 Conv on either provider
-    report = ConversionReport()
-    convert(HEALTHY["transformer_block"]().model, "always-f16", report=report, keep_f32_ops=["Softmax"])
+    _, report = convert_and_report(HEALTHY["transformer_block"]().model, "always-f16", keep_f32_ops=["Softmax"])
     assert {(k.op, k.code) for k in report.kept_f32} == {("Softmax", "user-keep")}
 
 
 def test_a_conversion_that_changed_nothing_says_so(tmp_path: Path) -> None:
     for name, build in {**HEALTHY, **BROKEN_IN_F16}.items():
-        report = ConversionReport()
-        convert(build().model, "always-f32", report=report)
+        _, report = convert_and_report(build().model, "always-f32")
         assert not report.changed and report.to_json()["changed"] is False, name
-    report = ConversionReport()
-    convert(HEALTHY["transformer_block"]().model, "always-f16", report=report)
+    _, report = convert_and_report(HEALTHY["transformer_block"]().model, "always-f16")
     assert report.changed
     src = tmp_path / "m.onnx"
     onnx.save(HEALTHY["transformer_block"]().model, str(src))

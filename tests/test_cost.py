@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from fixtures.make_fixtures import COST_CASES, MAC_ZOO_MACS, mac_zoo
-from rlx_onnx_amp import ConversionReport, convert
+from fixtures.make_fixtures import COST_CASES, HEALTHY, MAC_ZOO_MACS, cast_chain, mac_zoo
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.cost import HINT_MIN_CASTS, estimate_cost
 from rlx_onnx_amp.verification.inputs import InputSpec, synthesize
 from tests.helpers import rlx
@@ -40,8 +40,7 @@ def test_macs_match_hand_counts_and_scale_with_the_given_batch() -> None:
 
 def test_what_each_policy_runs_low() -> None:
     model = mac_zoo().model
-    report = ConversionReport()
-    f16 = convert(model, "always-f16", report=report)
+    f16, report = convert_and_report(model, "always-f16")
     cost = report.cost
     assert cost is not None and cost.to_json() == estimate_cost(f16).to_json()
     assert cost.macs_low == cost.macs and cost.weight_low_share == 1.0
@@ -51,8 +50,7 @@ def test_what_each_policy_runs_low() -> None:
     assert (cost.casts, cost.cast_bytes) == (8, 6 * (inputs + outputs))
     # Islands join low nodes that read each other: matmul+relu_m, einsum, gemm+relu_g, conv+relu_c+convtranspose.
     assert cost.islands == 4
-    mixed = ConversionReport()
-    convert(model, "auto-mixed", report=mixed)
+    _, mixed = convert_and_report(model, "auto-mixed")
     assert mixed.cost is not None
     assert (mixed.cost.macs_low, mixed.cost.weight_elements_low) == (0, 0)  # Compute (and its weights) stay f32
     assert mixed.cost.islands == 3  # the three Relus, each alone between Casts
@@ -66,7 +64,7 @@ def test_the_hint_names_the_alternative_without_changing_the_policy(tmp_path: Pa
     assert result.returncode == 0, result.stderr
     hints = [line for line in result.stderr.splitlines() if line.startswith("rlx-amp: hint:")]
     assert len(hints) == 1
-    assert "auto-mixed runs 0% of the multiply-accumulates" in hints[0] and "--policy always-f16 --repair" in hints[0]
+    assert "auto-mixed lowers none of the" in hints[0] and "--policy auto" in hints[0]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["casts_inserted"] >= HINT_MIN_CASTS and report["cost"]["macs_low"] == 0
     assert report["policy"]["name"] == "auto-mixed"  # the hint changes nothing
@@ -139,3 +137,37 @@ def test_cost_runs_on_the_models_it_describes(policy: str) -> None:
     got = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for r, g in zip(ref, got):
         assert r.shape == g.shape and np.allclose(r, g, atol=5e-2, rtol=5e-2)
+
+
+def test_a_declared_minus_one_dimension_is_unknown_not_a_negative_count() -> None:
+    """A graph may declare a dim as -1 (exporters do): the MatMul it reaches is counted as of
+    unknown shape, never as a negative number of MACs (the report schema's minimum caught it)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3])], [w],
+    )
+    graph.value_info.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cost = estimate_cost(model)
+    assert cost.macs >= 0 and cost.macs_low >= 0
+    assert cost.macs == 2 * 4 * 3 or cost.unknown_macs_nodes == 1
+
+
+def test_a_policy_that_lowers_no_mac_says_so_whatever_its_cast_count(tmp_path: Path) -> None:
+    """One line names --policy auto when no multiply-accumulate runs low, with few Casts too;
+    a model whose compute is quantized already gets no such advice."""
+    src = tmp_path / "m.onnx"
+    onnx.save(cast_chain(pairs=1).model, str(src))  # one MatMul, two Casts
+    result = rlx(src, "--policy", "auto-mixed", "-o", tmp_path / "o.onnx", "--report-json", tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert result.returncode == 0 and report["casts_inserted"] < HINT_MIN_CASTS and report["cost"]["macs_low"] == 0
+    assert [line for line in result.stderr.splitlines() if "hint:" in line and "--policy auto" in line]
+    quantized = tmp_path / "q.onnx"
+    onnx.save(HEALTHY["dynamic_quant_model"]().model, str(quantized))
+    result = rlx(quantized, "--policy", "auto-mixed", "-o", tmp_path / "q16.onnx", "--report-json", tmp_path / "q.json")
+    report = json.loads((tmp_path / "q.json").read_text())
+    assert report["cost"]["macs_by_precision"]["int8"] > 0 and "hint:" not in result.stderr

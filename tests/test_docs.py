@@ -25,6 +25,7 @@ OTHER_TOOLS_FLAGS = {
     "--external", "--minimality", "--nodes", "--model", "--peers-max-nodes", "--peer-timeout", "--contenders",
     "--no-deps", "--index", "--workdir", "--keep", "--models", "--budget", "--baseline-rev", "--rounds",
     "--repeats", "--repeat", "--node-cases", "--emulation", "--task", "--config", "--package-config", "--strict",
+    "--rlx-policy", "--tv-python",  # bench/gain_zoo.py
 }
 
 

@@ -628,7 +628,7 @@ def test_an_internal_error_in_one_model_of_a_batch_keeps_its_traceback_and_exit_
     code = ("import rlx_onnx_amp.api as api, sys\n"
             "real = api.rewrite_model\n"
             "def broken(*a, **k):\n"
-            "    if k['report'].model.endswith('other.onnx'): raise RuntimeError('simulated bug')\n"
+            "    if k['label'].endswith('other.onnx'): raise RuntimeError('simulated bug')\n"
             "    return real(*a, **k)\n"
             "api.rewrite_model = broken\n"
             "from rlx_onnx_amp.cli import main\n"

@@ -86,7 +86,7 @@ def test_modified_is_false_when_nothing_changes() -> None:
     assert MixedPrecisionPass(policy="always-f16")(model).modified is True
     converted = ir.to_proto(model).SerializeToString()
     again = MixedPrecisionPass(policy="always-f16")
-    assert again(model).modified is False and again.report.changed is False
+    assert again(model).modified is False and again.result is not None and again.result.conversion is not None and again.result.conversion.changed is False
     assert ir.to_proto(model).SerializeToString() == converted
 
 
@@ -108,25 +108,26 @@ def test_keywords_are_converts(tmp_path: Path) -> None:
     p(model)
     expected = rlx_onnx_amp.convert(proto, "always-f16", **kw)
     assert _shape(ir.to_proto(model)) == _shape(expected)
-    assert p.report.target == "cpu" and p.report.proof == "onnx.checker"
+    assert p.result is not None and p.result.conversion is not None
+    assert p.result.conversion.target == "cpu" and p.result.conversion.proof == "onnx.checker"
     assert model.graph.inputs[0].dtype == ir.DataType.FLOAT16  # keep_io_types=False
 
 
-def test_report_keyword_is_converts() -> None:
-    """`report=` receives the conversion report as `convert`'s does; a second call replaces the
-    first's (its counts are not added to them)."""
-    from rlx_onnx_amp.reports.conversion import ConversionReport
-
-    report, expected = ConversionReport(), ConversionReport()
+def test_result_is_the_last_calls_and_matches_converts() -> None:
+    """`result` after a call holds that call's conversion record, as `convert_and_report` gives
+    it; a second call replaces the first's (its counts are not added to them)."""
     model = _typed(ir.load(DEMO))
-    rlx_onnx_amp.convert(ir.to_proto(model), "always-f16", report=expected)
-    p = MixedPrecisionPass(policy="always-f16", report=report)
-    assert p.report is report
+    _, expected = rlx_onnx_amp.convert_and_report(ir.to_proto(model), "always-f16")
+    p = MixedPrecisionPass(policy="always-f16")
+    assert p.result is None
     p(model)
-    assert p.report is report and report.changed and report.casts_inserted == expected.casts_inserted > 0
-    assert report.by_op == expected.by_op and report.nodes_total == expected.nodes_total
-    p(_typed(ir.load(DEMO)))  # a second model: the report is its alone
-    assert report.nodes_total == expected.nodes_total and report.casts_inserted == expected.casts_inserted
+    assert p.result is not None and p.result.conversion is not None
+    first = p.result.conversion
+    assert first.changed and first.casts_inserted == expected.casts_inserted > 0
+    assert first.by_op == expected.by_op and first.nodes == expected.nodes
+    p(_typed(ir.load(DEMO)))  # a second model: the result is its alone
+    second = p.result.conversion
+    assert second is not first and second.nodes == expected.nodes and second.casts_inserted == expected.casts_inserted
 
 
 # ---- the contract --------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_external_data_is_read_and_written_a_tensor_at_a_time(tmp_path: Path, mo
     with monkeypatch.context() as patched:
         for method in ("tobytes", "numpy"):
             patched.setattr(f"rlx_onnx_amp.ir._ScratchTensor.{method}", lambda self: pytest.fail(f"{self.name} read"))
-        assert again(model).modified is False and again.report.changed is False
+        assert again(model).modified is False and again.result is not None and again.result.conversion is not None and again.result.conversion.changed is False
     assert all(model.graph.initializers[n].const_value is t for n, t in lazy.items())
     out = tmp_path / "out" / "mlp.f16.onnx"
     out.parent.mkdir()
@@ -259,15 +260,15 @@ def test_verify_raises_a_postcondition_error_on_drift() -> None:
     with pytest.raises(ir.passes.PostconditionError, match=r"\by\b"):  # it names the output that drifts
         p(model)
     assert ir.to_proto(model).SerializeToString() == before  # left unchanged
-    assert p.report.verify is not None and p.report.verify["passed"] is False
-    assert [o["name"] for o in p.report.verify["outputs"] if not o["passed"]] == ["y"]
+    assert p.result is not None and p.result.verify is not None and p.result.verify.passed is False
+    assert [o.name for o in p.result.verify.outputs if not o.passed] == ["y"]
 
 
 def test_verify_passes_a_healthy_model() -> None:
     model = _typed(ir.from_proto(HEALTHY["transformer_block"]().model))
     p = MixedPrecisionPass(policy="always-f16", verify=True)
     assert p(model).modified
-    assert p.report.verify is not None and p.report.verify["passed"] is True
+    assert p.result is not None and p.result.verify is not None and p.result.verify.passed is True
 
 
 def test_verify_with_external_weights_runs_the_file_the_checker_read(tmp_path: Path) -> None:
@@ -284,13 +285,13 @@ def test_verify_with_external_weights_runs_the_file_the_checker_read(tmp_path: P
     p = MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"),
                            scratch_dir=scratch)
     assert p(verified).modified
-    assert p.report.verify is not None and p.report.verify["passed"] is True
-    candidate = Path(p.report.verify["candidate"])
+    assert p.result is not None and p.result.verify is not None and p.result.verify.passed is True
+    candidate = Path(p.result.verify.candidate)
     assert candidate.name == "converted.onnx" and candidate.parent.parent == scratch
     assert not candidate.exists() and [f.name for f in candidate.parent.iterdir()] == ["weights.data"]
     # The same model as without verify, and its outputs within the f16 tolerance of the input's.
     assert _shape(ir.to_proto(verified)) == _shape(ir.to_proto(plain))
-    assert all(o["max_abs"] < 0.05 for o in p.report.verify["outputs"])
+    assert all(o.max_abs is not None and o.max_abs < 0.05 for o in p.result.verify.outputs)
 
 
 # ---- the extra and the example -------------------------------------------------------------
@@ -310,3 +311,23 @@ def test_the_example_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dynamo export: modified=True" in done.stdout
     assert (tmp_path / "mlp.f16.onnx").exists() and (tmp_path / "mlp.f16.onnx.data").exists()
+
+
+def test_policy_auto_searches_as_the_command_does(tmp_path: Path) -> None:
+    """`auto` in the pass: the command line's search, verified; the model takes a passing result."""
+    from fixtures.make_fixtures import GAIN_CASES
+    from rlx_onnx_amp.errors import InputError
+    from rlx_onnx_amp.verification import VerifyOptions
+
+    with pytest.raises(InputError, match="verify=True"):
+        MixedPrecisionPass(policy="auto")
+    model = _typed(ir.from_proto(GAIN_CASES["overflow_mlp"]().model))
+    p = MixedPrecisionPass(policy="auto", verify=True, verify_options=VerifyOptions(provider="cpu"))
+    result = p(model)
+    assert result.modified and p.result is not None and p.result.verify is not None and p.result.verify.passed
+    assert p.result.repair is not None and p.result.conversion is not None
+    assert p.result.conversion.cost is not None and p.result.conversion.cost.mac_low_share == 1.0
+    kept = {k.node for k in p.result.conversion.kept_f32}
+    assert kept == {"scale_up", "scale_down"}
+    dtypes = {n.name: n.outputs[0].dtype for n in model.graph if n.name in ("fc1", "fc2", "scale_up")}
+    assert dtypes == {"fc1": ir.DataType.FLOAT16, "fc2": ir.DataType.FLOAT16, "scale_up": ir.DataType.FLOAT}

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.kernels import Target, kernel_block, kernel_table
 from rlx_onnx_amp.precision import Precision
 from tests.helpers import all_nodes, assert_close, elem_types, feeds_for, run
@@ -64,8 +64,7 @@ def test_cuda_snapshot_records_its_source() -> None:
 def test_bf16_for_cpu_loads_and_runs_on_the_cpu_provider(name: str) -> None:
     fixture = FIXTURES[name]()
     original = fixture.model
-    report = ConversionReport()
-    converted = convert(original, "auto-mixed-bf16", report=report, target="cpu")
+    converted, report = convert_and_report(original, "auto-mixed-bf16", target="cpu")
     onnx.checker.check_model(converted, full_check=True)
     assert report.target == "cpu"
     again = convert(converted, "auto-mixed-bf16", target="cpu")
@@ -75,7 +74,7 @@ def test_bf16_for_cpu_loads_and_runs_on_the_cpu_provider(name: str) -> None:
     kernel_kept = [k for k in report.kept_f32 if k.code in ("kernel-table", "kernel-gap")]
     assert all("CPUExecutionProvider" in k.reason for k in kernel_kept)
     if name in ("transformer_block", "contrib_block", "conv_net"):
-        assert report.by_precision["bf16"] > 0 and kernel_kept
+        assert report.nodes.by_precision["bf16"] > 0 and kernel_kept
     # Real bf16 execution on onnxruntime's CPU provider, not emulation.
     feeds = feeds_for(fixture, original)
     expected = run(original, feeds)
@@ -87,13 +86,12 @@ def test_bf16_for_cpu_loads_and_runs_on_the_cpu_provider(name: str) -> None:
 
 def test_bf16_op_without_cpu_kernel_stays_f32_for_cpu_and_lowers_for_cuda() -> None:
     model = _single_op("Add", n_inputs=2)
-    cpu_report, cuda_report = ConversionReport(), ConversionReport()
-    for_cpu = convert(model, "auto-mixed-bf16", report=cpu_report, target="cpu")
-    for_cuda = convert(model, "auto-mixed-bf16", report=cuda_report, target="cuda")
-    assert cpu_report.by_precision["bf16"] == 0
+    for_cpu, cpu_report = convert_and_report(model, "auto-mixed-bf16", target="cpu")
+    for_cuda, cuda_report = convert_and_report(model, "auto-mixed-bf16", target="cuda")
+    assert cpu_report.nodes.by_precision["bf16"] == 0
     assert [(k.op, k.reason) for k in cpu_report.kept_f32] == [("Add", "kernel: no bf16 Add-14 kernel on CPUExecutionProvider")]
     assert [n.op_type for n in for_cpu.graph.node] == ["Add"]
-    assert cuda_report.by_precision["bf16"] == 1 and not cuda_report.kept_f32
+    assert cuda_report.nodes.by_precision["bf16"] == 1 and not cuda_report.kept_f32
     assert [n.op_type for n in for_cuda.graph.node].count("Cast") == 3
     feeds = {"x0": np.ones((2, 3), np.float32), "x1": np.full((2, 3), 2.0, np.float32)}
     np.testing.assert_array_equal(run(for_cpu, feeds)[0], np.full((2, 3), 3.0, np.float32))
@@ -106,14 +104,13 @@ def test_cuda_target_keeps_f32_where_cuda_has_no_bf16_kernel(op: str, opset: int
     schema = onnx.defs.get_schema(op, opset)
     assert "tensor(bfloat16)" in next(c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == "T")
     model = _single_op(op, opset=opset) if op != "TopK" else _topk(opset)
-    report, f16_report = ConversionReport(), ConversionReport()
-    converted = convert(model, "auto-mixed-bf16", report=report, target="cuda")
-    assert report.by_precision["bf16"] == 0
+    converted, report = convert_and_report(model, "auto-mixed-bf16", target="cuda")
+    assert report.nodes.by_precision["bf16"] == 0
     assert [(k.op, k.reason) for k in report.kept_f32] == [(op, f"kernel: no bf16 {op}-{schema.since_version} kernel on CUDAExecutionProvider")]
     assert not [n for n in all_nodes(converted) if n.op_type == "Cast"]
     # The same op has a CUDA f16 kernel: always-f16 lowers it.
-    convert(model, "always-f16", report=f16_report, target="cuda")
-    assert f16_report.by_precision["f16"] == 1 and not f16_report.kept_f32
+    _, f16_report = convert_and_report(model, "always-f16", target="cuda")
+    assert f16_report.nodes.by_precision["f16"] == 1 and not f16_report.kept_f32
 
 
 def _topk(opset: int) -> onnx.ModelProto:

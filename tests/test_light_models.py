@@ -9,7 +9,7 @@ import onnx
 import onnx.backend.test
 import pytest
 
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.verification import VerifyOptions, verify
 from tests.helpers import POLICIES, assert_close, cast_duplicates, feeds_for, run
 
@@ -32,8 +32,7 @@ def test_light_models_exist() -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_light_model(path: Path, policy: str, tmp_path: Path) -> None:
     model = onnx.load(str(path))
-    report = ConversionReport()
-    converted = convert(model, policy, report=report)
+    converted, report = convert_and_report(model, policy)
     out = tmp_path / "out.onnx"
     onnx.save(converted, str(out))
     onnx.checker.check_model(str(out), full_check=True)
@@ -42,9 +41,9 @@ def test_light_model(path: Path, policy: str, tmp_path: Path) -> None:
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if policy == "auto-mixed-bf16":
         if opset >= 13:
-            assert report.by_precision["bf16"] > 0
+            assert report.nodes.by_precision["bf16"] > 0
         else:  # bfloat16 arrived in opset 13: every float node is kept by its schema
-            assert report.by_precision["bf16"] == 0 and report.kept_f32
+            assert report.nodes.by_precision["bf16"] == 0 and report.kept_f32
             assert all(k.code in ("schema-admits", "cast-unavailable") for k in report.kept_f32 if k.op != "Constant")
         return  # no bf16 kernels on onnxruntime's CPU provider; see test_verify for emulated numbers
     feeds = feeds_for(None, model)
@@ -70,8 +69,7 @@ def test_light_model_bf16_for_cpu_runs_for_real(path: Path, tmp_path: Path) -> N
     # Converted for the CPU target, the bf16 model loads on onnxruntime's CPU provider and its
     # bf16 nodes run there (no emulation).
     model = onnx.load(str(path))
-    report = ConversionReport()
-    converted = convert(model, "auto-mixed-bf16", report=report, target="cpu")
+    converted, report = convert_and_report(model, "auto-mixed-bf16", target="cpu")
     out = tmp_path / "out.onnx"
     onnx.save(converted, str(out))
     onnx.checker.check_model(str(out), full_check=True)

@@ -84,7 +84,7 @@ def _comparable(report: dict[str, Any]) -> dict[str, Any]:
     """A report without the paths it names (the pass's are in Olive's cache)."""
     report = json.loads(json.dumps(report))
     report.pop("model"), report.pop("output")
-    for key in ("reference", "candidate"):
+    for key in ("reference", "candidate", "latency"):  # latency: timings differ from run to run
         (report.get("verify") or {}).pop(key, None)
     return report
 
@@ -196,12 +196,31 @@ def test_pass_in_process_external_data_is_a_folder_model(tmp_path: Path) -> None
 
 
 @needs_olive
+def test_pass_takes_policy_auto_as_the_command_does(tmp_path: Path) -> None:
+    from olive.workflows import run
+
+    from fixtures.make_fixtures import GAIN_CASES
+    from rlx_onnx_amp.olive import package_config
+
+    src = tmp_path / "mlp.onnx"
+    onnx.save(GAIN_CASES["overflow_mlp"]().model, str(src))
+    output = run(_workflow(tmp_path, src, policy="auto"), package_config=package_config())
+    assert output.has_output_model()
+    report = json.loads((tmp_path / "out" / "rlx_amp_report.json").read_text())
+    assert report["policy"]["name"] == "auto" and report["repair"]["passed"] and report["verify"]["passed"]
+    assert report["cost"]["mac_low_share"] == 1.0
+    attributes = json.loads((tmp_path / "out" / "model_config.json").read_text())["config"]["model_attributes"]
+    assert attributes["rlx_amp"]["repaired"] is True and attributes["rlx_amp"]["policy"] == "auto"
+
+
+@needs_olive
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"all_tensors_to_one_file": False}, "all_tensors_to_one_file=False has no twin"),
         ({"save_as_external_data": True}, "save_as_external_data"),
         ({"verify": False, "repair": True}, "repair verifies every candidate"),
+        ({"verify": False, "policy": "auto"}, "policy='auto' with verify=False"),
         ({"verify": False, "atol": 0.5}, "atol does nothing with verify=False"),
         ({"policy": "always-f17"}, "always-f17"),
         # The verify options' checks, shared with the CLI (VerifyOptions.check), in the config's names:

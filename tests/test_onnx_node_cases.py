@@ -3,12 +3,11 @@ converts, passes the checker, loads, runs and matches the original within f16 to
 
 from __future__ import annotations
 
-import functools
-
+import onnx
 import pytest
 
 from fixtures.onnx_cases import check_case, collect_eligible
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import Conversion, convert_and_report
 
 
 @pytest.mark.parametrize("policy, target", [("always-f16", "cuda"), ("auto-mixed", "cuda"), ("auto-mixed-bf16", "cpu")])
@@ -20,9 +19,15 @@ def test_every_eligible_node_case_passes(policy: str, target: str) -> None:
     failures = {}
     lowered = 0
     for case in cases:
-        report = ConversionReport()
-        problem = check_case(case, functools.partial(convert, policy=policy, report=report, target=target))
-        lowered += report.by_precision["f16"] + report.by_precision["bf16"] > 0
+        reports: list[Conversion] = []
+
+        def converted(model: onnx.ModelProto, reports: list[Conversion] = reports) -> onnx.ModelProto:
+            out, report = convert_and_report(model, policy, target=target)
+            reports.append(report)
+            return out
+
+        problem = check_case(case, converted)
+        lowered += bool(reports) and reports[0].nodes.by_precision["f16"] + reports[0].nodes.by_precision["bf16"] > 0
         if problem:
             failures[case.name] = problem
     assert failures == {}, f"{len(failures)} of {len(cases)} cases fail: {failures}"

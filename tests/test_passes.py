@@ -14,10 +14,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, COST_CASES, HEALTHY, REPAIR_CASES
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.passes import Pass, PassContractError, PassResult, fingerprint, run_passes
 from rlx_onnx_amp.policy import policy_from_name
 from rlx_onnx_amp.rewrite import ConvertOptions, EmitPass, Plan, Stage, conversion_passes, convert_model
+from rlx_onnx_amp.rewrite.convert import check_idempotent
 from rlx_onnx_amp.rewrite.templates import Template, TemplateKey, Templates
 from tests.helpers import POLICIES, feeds_for, run
 
@@ -82,8 +83,7 @@ def test_each_pass_runs_alone_and_says_honestly_whether_it_modified_the_model() 
 def test_a_converted_model_converted_again_says_it_changed_nothing() -> None:
     for name in ("transformer_block", "conv_net", "control_flow"):
         once = convert(HEALTHY[name]().model, "always-f16")
-        report = ConversionReport()
-        twice = convert(once, "always-f16", report=report, check_contracts=True)
+        twice, report = convert_and_report(once, "always-f16", check_contracts=True)
         assert not report.changed and twice.SerializeToString() == once.SerializeToString(), name
 
 
@@ -154,13 +154,14 @@ def _emitted(name: str) -> tuple[onnx.ModelProto, Plan, EmitPass]:
     return model, plan, emit
 
 
-def test_the_emit_contract_catches_a_result_that_is_not_idempotent() -> None:
-    model, plan, emit = _emitted("conv_net")
-    emit.ensures(plan)  # as emitted: holds
+def test_the_pipeline_contract_catches_a_result_that_is_not_idempotent() -> None:
+    model, _plan, emit = _emitted("conv_net")
+    policy, options = emit.cx.policy, emit.cx.options
+    check_idempotent(model, policy, options)  # as emitted: holds
     # A Cast of an f32 graph input to f32: valid, but the next conversion removes it.
     model.graph.node.append(helper.make_node("Cast", [model.graph.input[0].name], ["idle"], to=TensorProto.FLOAT))
-    with pytest.raises(PassContractError, match="pass emit: converting the result again changes it"):
-        emit.ensures(plan)
+    with pytest.raises(PassContractError, match="converting the result again changes it"):
+        check_idempotent(model, policy, options)
 
 
 def test_the_emit_contract_catches_a_retyped_integer_and_a_result_the_checker_refuses() -> None:

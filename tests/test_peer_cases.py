@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fixtures.make_fixtures import control_flow
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.errors import InputError
 from tests.helpers import feeds_for, rlx
 
@@ -58,8 +58,7 @@ def test_a_merged_decoder_branch_output_under_the_if_s_name(policy: str) -> None
     passes (it said "Inferred elem type differs" under always-f16), and both branches compute
     what the original does."""
     model = _merged_decoder()
-    report = ConversionReport()
-    out = convert(model, policy, report=report, check_contracts=True)
+    out, report = convert_and_report(model, policy, check_contracts=True)
     assert report.proof == "onnx.checker"
     x = np.random.default_rng(1).uniform(-1, 1, (2, 4)).astype(np.float32)
     for use_cache in (True, False):
@@ -82,8 +81,7 @@ def test_nodes_out_of_topological_order_are_sorted() -> None:
                     helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2], name="to_nchw")],
                    [helper.make_tensor_value_info("x", F, [1, 5, 5, 3])], [helper.make_tensor_value_info("y", F, [1, 2, 3, 3])],
                    [w], opset=13)
-    report = ConversionReport()
-    out = convert(model, "custom", kind_map={"compute": "f16"}, report=report)
+    out, report = convert_and_report(model, "custom", kind_map={"compute": "f16"})
     assert [n.op_type for n in out.graph.node] == ["Transpose", "Cast", "Conv", "Cast"]
     assert report.changed and report.proof == "onnx.checker"
     x = np.random.default_rng(1).standard_normal((1, 5, 5, 3)).astype(np.float32)
@@ -122,8 +120,7 @@ def test_onnxruntime_s_own_ops_are_convertible_and_the_report_says_what_proved_i
     model = _genai_style()
     with pytest.raises(onnx.checker.ValidationError):
         onnx.checker.check_model(model, full_check=True)
-    report = ConversionReport()
-    out = convert(model, "always-f16", report=report)
+    out, report = convert_and_report(model, "always-f16")
     assert report.proof is not None and report.proof.startswith("onnxruntime loads it (the input fails onnx.checker: No Op registered for "
                                    "SimplifiedLayerNormalization")
     x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)

@@ -15,6 +15,7 @@ from onnx import helper as h
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from rlx_onnx_amp import ModelRunError, make_options
 from rlx_onnx_amp.repair import repair_file
+from rlx_onnx_amp.reports.record import RepairKeep
 from rlx_onnx_amp.verification import VerifyOptions
 from tests.helpers import rlx
 
@@ -68,11 +69,11 @@ def test_bisection_finds_what_magnitudes_cannot(tmp_path: Path) -> None:
     onnx.save(_cancellation_model(), str(src))
     _conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16", verify_options=VerifyOptions(provider="cpu"))
     assert verified.passed and result.passed
-    kept = {v["node"]: v["reason"] for v in result.kept.values()}
+    kept = {k.node: k.reason for k in result.kept_f32}
     assert kept.get("shift") == "drift"  # the sum that loses x's digits; minimality gave back the rest
     assert "proj" not in kept and "tanh" not in kept  # the rest stays f16
     assert result.minimality == "checked"
-    stages = [h["stage"] for h in result.history]
+    stages = [h.stage for h in result.history]
     assert stages[0] == "policy" and any(s.startswith("localize") for s in stages) and any(s.startswith("bisect") for s in stages)
     assert result.evaluations <= 12
 
@@ -100,7 +101,7 @@ def test_healthy_model_needs_no_repair(tmp_path: Path) -> None:
     src = tmp_path / "block.onnx"
     onnx.save(HEALTHY["transformer_block"]().model, str(src))
     _conversion, _verified, result = repair_file(src, tmp_path / "out.onnx", "auto-mixed")
-    assert result.passed and result.evaluations == 1 and result.kept == {}
+    assert result.passed and result.evaluations == 1 and result.kept_f32 == ()
     assert result.compute_low_share == 0.0  # auto-mixed keeps Compute in f32 by policy
     assert result.weight_low_share is not None and 0 < result.weight_low_share < 1
 
@@ -128,13 +129,13 @@ def test_bisection_searches_loop_bodies(tmp_path: Path) -> None:
     onnx.save(_loop_overflow_model(), str(src))
     _conversion, verified, result = repair_file(src, tmp_path / "out.onnx", "always-f16")
     assert verified.passed and result.passed, result.history
-    kept_paths = set(result.kept)
+    kept_paths = {k.path for k in result.kept_f32}
     assert kept_paths and all(p.startswith("0/body/") for p in kept_paths)  # only body nodes, found by path
     assert "0/body/0" not in kept_paths  # the gain Mul stays f16
     # The magnitude screen sees inside the body (its values surfaced per iteration): the Exp
     # that overflows is kept by the second evaluation, without bisection.
-    assert result.history[1]["stage"] == "magnitude screen" and result.history[1]["passed"]
-    assert result.kept["0/body/1"] == {"node": "body_exp", "op": "Exp", "reason": "overflow"}
+    assert result.history[1].stage == "magnitude screen" and result.history[1].passed
+    assert RepairKeep("0/body/1", "body_exp", "Exp", "overflow") in result.kept_f32
     assert result.evaluations <= 24
 
 
@@ -147,7 +148,7 @@ def test_repair_keeps_the_target(tmp_path: Path) -> None:
     conversion, verified, result = repair_file(
         src, out, "auto-mixed-bf16", options=make_options(target="cpu"), verify_options=VerifyOptions(provider="cpu"))
     assert conversion.target == "cpu" and result.passed and verified.passed
-    assert conversion.by_op["MatMul"] == {"f32": 8} and conversion.by_precision["bf16"] > 0
+    assert conversion.by_op["MatMul"] == {"f32": 8} and conversion.nodes.by_precision["bf16"] > 0
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
 
 
@@ -162,7 +163,7 @@ def test_repair_emulates_a_candidate_the_provider_cannot_load(tmp_path: Path, mo
     onnx.save(HEALTHY["transformer_block"]().model, str(src))
     out = tmp_path / "out.onnx"
     conversion, _verified, result = repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu"))
-    assert result.passed and result.evaluations == 1 and not result.kept
+    assert result.passed and result.evaluations == 1 and not result.kept_f32
     assert conversion.target == "cuda" and conversion.by_op["MatMul"] == {"bf16": 8}
     with pytest.raises(ModelRunError):
         repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu", emulate=False))

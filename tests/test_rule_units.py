@@ -12,6 +12,7 @@ import pytest
 from onnx import NodeProto, TensorProto, helper
 
 from rlx_onnx_amp.kernels import Target
+from rlx_onnx_amp.policy import Policy, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.ranges import ValueRange
 from rlx_onnx_amp.rewrite.plan import NodeDecision, Scope
@@ -20,6 +21,7 @@ from rlx_onnx_amp.rewrite.rules import (
     RULES_BY_CODE,
     VARIABLE_RULES,
     GroupFacts,
+    Keep,
     Lowering,
     NodeFacts,
     RuleContext,
@@ -43,6 +45,14 @@ class FakeNumeric:
     tainted_keys: frozenset[str] = frozenset()
     singular: Mapping[str, frozenset[int]] = field(default_factory=dict)  # node name -> singular input indices
     singular_read_keys: frozenset[str] = frozenset()
+    has_accumulators: bool = False
+    dequantizing: Mapping[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+
+    def dequantized(self) -> Mapping[str, frozenset[tuple[str, str]]]:
+        return self.dequantizing
+
+    def any_past_range(self, precision: Precision) -> bool:
+        return bool(self.past)
 
     def past_range(self, key: str, precision: Precision) -> float | None:
         return self.past.get(key)
@@ -70,7 +80,12 @@ class FakeContext:
     opsets: Mapping[str, int] = field(default_factory=lambda: {"": 21})
     keeps: Mapping[str, str] = field(default_factory=dict)  # node name -> the user's reason
     cast_blocked: str | None = None
+    policy: Policy = field(default_factory=lambda: policy_from_name("always-f16"))
     asked: list[str] = field(default_factory=list)  # what the rule asked, in order
+
+    @property
+    def has_user_keeps(self) -> bool:
+        return bool(self.keeps)
 
     def opset(self, domain: str) -> int:
         self.asked.append(f"opset {domain}")
@@ -114,7 +129,9 @@ def _facts(
 
 
 def _check(code: str, f: NodeFacts, ctx: RuleContext | None = None) -> str | None:
-    return RULES_BY_CODE[code].check(ctx or FakeContext(), f)
+    """The rule's reason when it applies (its `Keep`), else None."""
+    verdict = RULES_BY_CODE[code].check(ctx or FakeContext(), f)
+    return verdict.reason if verdict is not None else None
 
 
 def _scope(*inputs: tuple[str, int]) -> Scope:
@@ -263,6 +280,18 @@ def test_dequantize_arithmetic() -> None:
     assert _check("dequantize-arithmetic", _facts(*ADD, scope=scope)) is None
 
 
+def test_dequantize_follows_consumer() -> None:
+    scope = _scope(("wq", TensorProto.INT8), ("scale", F))
+    mul = _facts("Mul", ["w", "scale"], ["wd"], [F, F], [F], scope=scope)
+    feeds_matmul = FakeNumeric(dequantizing={"wd": frozenset({("", "MatMul")})})
+    auto_mixed = FakeContext(numeric=feeds_matmul, policy=policy_from_name("auto-mixed"))  # Compute at f32
+    assert _check("dequantize-follows-consumer", mul, auto_mixed) == (
+        "dequantize: follows its consumer (MatMul), which the policy runs at f32"
+    )
+    assert _check("dequantize-follows-consumer", mul, FakeContext(numeric=feeds_matmul)) is None  # always-f16
+    assert _check("dequantize-follows-consumer", _facts(*ADD, scope=scope), auto_mixed) is None  # no dequantization
+
+
 def test_weight_range() -> None:
     scope = _scope(("w", F), ("mask", F), ("x", F))
     past = FakeNumeric(past={"w": 1e7, "mask": 1e9}, sentinels=frozenset({"mask"}))
@@ -323,3 +352,28 @@ def test_lower_variables_reads_only_the_facts() -> None:
     assert lower_variables(mixed).inputs == (0, 1) and lower_variables(mixed).variables == ("T1", "T2")
     bf16_roi = _facts("Resize", ["x", "roi", "scales"], ["y"], [F, TensorProto.BFLOAT16, F], [F], opset=13)
     assert lower_variables(bf16_roi).variables == ("T1",)
+
+
+def test_a_verdict_without_a_reason_is_an_error_not_a_silent_no() -> None:
+    with pytest.raises(ValueError, match="empty reason"):
+        Keep("")
+    assert Keep.of(None) is None and Keep.of("why") == Keep("why")
+
+
+@pytest.mark.parametrize(
+    "code, idle, busy",
+    [
+        ("user-keep", FakeContext(), FakeContext(keeps={"n": "asked"})),
+        ("dequantize-arithmetic", FakeContext(), FakeContext(numeric=FakeNumeric(has_accumulators=True))),
+        ("weight-range", FakeContext(numeric=FakeNumeric(past={"w": 1e9})),
+         FakeContext(numeric=FakeNumeric(past={"w": 1e9}), policy=policy_from_name("always-f16"))),
+        ("range-screen", FakeContext(), FakeContext(value_ranges={"x": ValueRange(1e9, 1.0)})),
+    ],
+)
+def test_a_per_node_rule_says_itself_when_it_can_fire(code: str, idle: FakeContext, busy: FakeContext) -> None:
+    """The rule table, not the pass, says which per-node rules a conversion runs."""
+    rule = RULES_BY_CODE[code]
+    assert rule.per_node and rule.active is not None
+    if code == "weight-range":  # a weight past the range fires only where the policy lowers something
+        idle = FakeContext(numeric=idle.numeric, policy=policy_from_name("always-f32"))
+    assert not rule.active(idle) and rule.active(busy)

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import Conversion, convert_and_report
 from rlx_onnx_amp.policy import policy_from_name
-from rlx_onnx_amp.rewrite import VARIABLE_RULES, ConvertOptions, conversion_passes
+from rlx_onnx_amp.rewrite import VARIABLE_RULES, ConvertOptions, conversion_passes, why_not_keepable
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
 from tests.helpers import assert_close, run
 
@@ -29,8 +29,7 @@ def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, inits: list
 
 def _codes(model: onnx.ModelProto, policy: str, **options: Any) -> tuple[dict[str, str | None], onnx.ModelProto]:
     """Op type -> the code that kept it, and the converted model (checked by the pass contracts)."""
-    report = ConversionReport()
-    out = convert(model, policy, report=report, check_contracts=True, **options)
+    out, report = convert_and_report(model, policy, check_contracts=True, **options)
     return {k.op: k.code for k in report.kept_f32}, out
 
 
@@ -43,14 +42,13 @@ Y = helper.make_tensor_value_info("y", F, [2, 3])
 FEEDS = {"x": np.random.default_rng(0).uniform(-1, 1, (2, 3)).astype(np.float32)}
 
 
-def _silent(model: onnx.ModelProto, policy: str, op: str) -> tuple[str | None, ConversionReport, onnx.ModelProto]:
-    """The code of the silent rule that decided the `op` node (report.rules), the report and
+def _silent(model: onnx.ModelProto, policy: str, op: str) -> tuple[str | None, Conversion, onnx.ModelProto]:
+    """The code of the silent rule that decided the `op` node (report.index.rules), the report and
     the converted model; a silent rule keeps no reported reason (kept_f32)."""
-    report = ConversionReport()
-    out = convert(model, policy, report=report, check_contracts=True)
+    out, report = convert_and_report(model, policy, check_contracts=True)
     path = str(next(i for i, n in enumerate(model.graph.node) if n.op_type == op))
     assert all(k.path != path for k in report.kept_f32)
-    return report.rules.get(path), report, out
+    return report.index.rules.get(path), report, out
 
 
 def test_source_follows_consumers() -> None:
@@ -59,7 +57,7 @@ def test_source_follows_consumers() -> None:
     code, report, out = _silent(model, "always-f16", "Constant")
     assert code == "source-follows-consumers"
     assert out.graph.node[0].attribute[0].t.data_type == H  # narrowed in place for its f16 reader
-    assert report.why_not_keepable("0") == f"rule source-follows-consumers: {REASON_CODES['source-follows-consumers']}"
+    assert why_not_keepable(report.index, "0") == f"rule source-follows-consumers: {REASON_CODES['source-follows-consumers']}"
     _same_numbers(model, out, FEEDS)
 
 
@@ -67,11 +65,11 @@ def test_cast_keeps_to() -> None:
     i = helper.make_tensor_value_info("i", TensorProto.INT32, [2, 3])
     model = _model([helper.make_node("Cast", ["i"], ["c"], to=F), helper.make_node("Add", ["c", "c"], ["y"])], [i], [Y])
     code, report, out = _silent(model, "always-f16", "Cast")
-    assert code == "cast-keeps-to" and report.decisions["1"] == "f16"
+    assert code == "cast-keeps-to" and report.index.decisions["1"] == "f16"
     cast, to_low = out.graph.node[0], out.graph.node[1]
     assert cast.op_type == "Cast" and cast.attribute[0].i == F  # it keeps its `to`...
     assert to_low.op_type == "Cast" and to_low.input[0] == "c" and to_low.attribute[0].i == H  # ...a Cast follows it
-    assert report.why_not_keepable("0") == f"rule cast-keeps-to: {REASON_CODES['cast-keeps-to']}"
+    assert why_not_keepable(report.index, "0") == f"rule cast-keeps-to: {REASON_CODES['cast-keeps-to']}"
     feeds = {"i": np.arange(-3, 3, dtype=np.int32).reshape(2, 3)}
     _same_numbers(model, out, feeds, tol=0)
 
@@ -80,8 +78,8 @@ def test_policy_f32() -> None:
     w = numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")
     model = _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])], [X], [Y], [w])
     code, report, out = _silent(model, "auto-mixed", "MatMul")
-    assert code == "policy-f32" and report.decisions == {"0": "f32", "1": "f16"}
-    assert report.why_not_keepable("0") == f"rule policy-f32: {REASON_CODES['policy-f32']}"
+    assert code == "policy-f32" and report.index.decisions == {"0": "f32", "1": "f16"}
+    assert why_not_keepable(report.index, "0") == f"rule policy-f32: {REASON_CODES['policy-f32']}"
     _same_numbers(model, out, FEEDS)
 
 
@@ -89,7 +87,7 @@ def test_nothing_to_lower() -> None:
     i = helper.make_tensor_value_info("i", TensorProto.INT64, [3])
     model = _model([helper.make_node("Add", ["i", "i"], ["y"])], [i], [helper.make_tensor_value_info("y", TensorProto.INT64, [3])])
     code, report, out = _silent(model, "always-f16", "Add")
-    assert code == "nothing-to-lower" and report.decisions["0"] == "none" and not report.changed
+    assert code == "nothing-to-lower" and report.index.decisions["0"] == "none" and not report.changed
     feeds = {"i": np.array([1, -2, 3], np.int64)}
     np.testing.assert_array_equal(run(model, feeds)[0], run(out, feeds)[0])
 
@@ -111,10 +109,9 @@ def test_control_flow() -> None:
                               [helper.make_tensor_value_info("e", F, [2, 3])])
     cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], [X, cond], [Y], [w])
-    report = ConversionReport()
-    out = convert(model, "always-f16", report=report, check_contracts=True)
+    out, report = convert_and_report(model, "always-f16", check_contracts=True)
     assert {k.op: k.code for k in report.kept_f32}["If"] == "control-flow"
-    assert report.decisions["0/then_branch/0"] == "f16"  # the MatMul inside goes f16
+    assert report.index.decisions["0/then_branch/0"] == "f16"  # the MatMul inside goes f16
     for c in (True, False):
         _same_numbers(model, out, {**FEEDS, "c": np.array(c)})
 
@@ -124,8 +121,7 @@ def test_unknown_op() -> None:
     model = _model([helper.make_node("Foo", ["x"], ["f"], domain="com.example"), helper.make_node("Relu", ["f"], ["y"])],
                    [X], [Y], extra=(("com.example", 1),))
     model.graph.value_info.append(helper.make_tensor_value_info("f", F, [2, 3]))  # its output type is declared
-    report = ConversionReport()
-    out = convert(model, "always-f16", report=report)
+    out, report = convert_and_report(model, "always-f16")
     assert {k.op: k.code for k in report.kept_f32} == {"Foo": "unknown-op"}
     relu = next(n for n in out.graph.node if n.op_type == "Relu")
     cast = next(n for n in out.graph.node if n.output[0] == relu.input[0])
@@ -142,8 +138,7 @@ def test_user_keep() -> None:
 def test_cast_unavailable() -> None:
     # Opset 6 predates what onnxruntime implements: structure only.
     model = _model([helper.make_node("Add", ["x", "x"], ["y"])], [X], [Y], opset=6)
-    report = ConversionReport()
-    convert(model, "auto-mixed-bf16", report=report)
+    _, report = convert_and_report(model, "auto-mixed-bf16")
     assert {k.op: k.code for k in report.kept_f32} == {"Add": "cast-unavailable"}
 
 
@@ -169,9 +164,8 @@ def test_qdq_region() -> None:
 def test_no_schema() -> None:
     # Gelu arrived in opset 20: at 17 nothing says what it admits (and onnxruntime cannot load it).
     model = _model([helper.make_node("Gelu", ["x"], ["y"])], [X], [Y], opset=17)
-    report = ConversionReport()
     # Neither the checker nor onnxruntime takes this model: convert() would refuse it (InputError).
-    convert(model, "always-f16", report=report, check=False)
+    _, report = convert_and_report(model, "always-f16", check=False)
     assert {k.op: k.code for k in report.kept_f32} == {"Gelu": "no-schema"}
 
 
@@ -244,11 +238,10 @@ def test_the_report_counts_the_nodes_each_rule_decided_in_list_order() -> None:
                     helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "c"], ["a"]),
                     helper.make_node("Softmax", ["a"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
                    [X], [Y], [numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")])
-    report = ConversionReport()
-    convert(model, "auto-mixed", report=report, keep_f32_ops=["Softmax"])
-    assert report.by_rule() == {"source-follows-consumers": 1, "policy-f32": 1, "user-keep": 1}
-    assert report.to_json()["by_rule"] == report.by_rule()
-    assert report.decisions == {"0": "f16", "1": "f32", "2": "f16", "3": "f32", "4": "f16"}
+    _, report = convert_and_report(model, "auto-mixed", keep_f32_ops=["Softmax"])
+    assert report.by_rule == {"source-follows-consumers": 1, "policy-f32": 1, "user-keep": 1}
+    assert report.to_json()["by_rule"] == report.by_rule
+    assert report.index.decisions == {"0": "f16", "1": "f32", "2": "f16", "3": "f32", "4": "f16"}
 
 
 def test_every_rule_has_its_example_here() -> None:
@@ -288,15 +281,44 @@ def test_dequantize_arithmetic() -> None:
                     helper.make_node("Mul", ["q_s", "w_s"], ["s"], name="scale"),
                     helper.make_node("Mul", ["acc_f", "s"], ["deq"], name="dequantize"),
                     helper.make_node("Tanh", ["deq"], ["y"])], [x], [y], inits)
-    report = ConversionReport()
-    out = convert(model, "always-f16", report=report, check_contracts=True)
+    out, report = convert_and_report(model, "always-f16", check_contracts=True)
     kept = {k.node or k.op: k.code for k in report.kept_f32}
     assert kept == {"Relu@0": "dequantize-arithmetic", "scale": "dequantize-arithmetic", "dequantize": "dequantize-arithmetic"}
-    assert report.decisions["6"] == "f16"  # the Tanh after it
+    assert report.index.decisions["6"] == "f16"  # the Tanh after it
     feeds = {"x": rng.uniform(0, 1, (2, 64)).astype(np.float32)}
     acc = run(model, feeds)[0]
     assert np.isfinite(run(out, feeds)[0]).all() and np.isfinite(acc).all()
     _same_numbers(model, out, feeds)
+
+
+def test_dequantize_follows_consumer() -> None:
+    """Cast(int8 -> f32) -> Sub(zero point) -> Mul(scale) -> MatMul: under auto-mixed the MatMul
+    stays f32, and so do the Sub and the Mul with it, so no Cast enters the dequantization; the
+    Relu after the MatMul still runs f16. Under always-f16 the chain lowers with its MatMul."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.integers(-127, 127, (8, 4), dtype=np.int8), "wq"),
+             numpy_helper.from_array(np.array(3.0, np.float32), "zp"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "s")]
+    x = helper.make_tensor_value_info("x", F, [2, 8])
+    y = helper.make_tensor_value_info("y", F, [2, 4])
+    model = _model([helper.make_node("Cast", ["wq"], ["wf"], to=F, name="cast"),
+                    helper.make_node("Sub", ["wf", "zp"], ["wc"], name="center"),
+                    helper.make_node("Mul", ["wc", "s"], ["w"], name="scale"),
+                    helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
+                    helper.make_node("Relu", ["m"], ["y"], name="relu")], [x], [y], inits)
+    out, report = convert_and_report(model, "auto-mixed", check_contracts=True)
+    kept = {k.node: k.code for k in report.kept_f32}
+    assert kept == {"center": "dequantize-follows-consumer", "scale": "dequantize-follows-consumer"}
+    assert report.index.decisions["4"] == "f16"  # the Relu
+    producers = {o: n for n in out.graph.node for o in n.output}
+    assert producers[next(n for n in out.graph.node if n.name == "fc").input[1]].name == "scale"  # no Cast
+    assert report.casts_inserted == 2  # into and out of the Relu only
+    feeds = {"x": rng.uniform(-1, 1, (2, 8)).astype(np.float32)}
+    _same_numbers(model, out, feeds)
+    low, low_report = convert_and_report(model, "always-f16", check_contracts=True)
+    assert "dequantize-follows-consumer" not in low_report.by_rule
+    assert low_report.index.decisions["2"] == "f16" and low_report.index.decisions["3"] == "f16"
+    _same_numbers(model, low, feeds, tol=5e-2)
 
 
 def test_weight_range() -> None:
@@ -314,8 +336,7 @@ def test_weight_range() -> None:
                     helper.make_node("Softmax", ["s"], ["y"])], [x4], [helper.make_tensor_value_info("y", F, [1, 3])],
                    [*bn, numpy_helper.from_array(np.array([[0, 0, -1e9]], np.float32), "mask"),
                     numpy_helper.from_array(np.array(3000.0, np.float32), "big")], opset=17)
-    report = ConversionReport()
-    out = convert(model, "always-f16", report=report, check_contracts=True)
+    out, report = convert_and_report(model, "always-f16", check_contracts=True)
     assert {k.op: k.code for k in report.kept_f32} == {"BatchNormalization": "weight-range"}
     types = {t.name: t.data_type for t in out.graph.initializer}
     assert types["var"] == F and types["mask"] == H  # the variance kept, the sentinel clamped
@@ -337,11 +358,10 @@ def test_range_screen() -> None:
                     numpy_helper.from_array(np.array([-1], np.int64), "axes")])
     feeds = {"x": FEEDS["x"]}
     ranges = {name: ValueRange(8.9e6 if name in ("e", "z") else 16.0, 1e-3) for name in ("xs", "e", "z", "p", "y")}
-    report = ConversionReport()
-    out = convert(model, "always-f16", report=report, check_contracts=True, value_ranges=ranges)
+    out, report = convert_and_report(model, "always-f16", check_contracts=True, value_ranges=ranges)
     assert {k.op: k.code for k in report.kept_f32} == {"Exp": "range-screen", "ReduceSum": "range-screen",
                                                        "Div": "range-screen"}
-    assert report.decisions["0"] == "f16" and report.decisions["4"] == "f16"
+    assert report.index.decisions["0"] == "f16" and report.index.decisions["4"] == "f16"
     _same_numbers(model, out, feeds)
 
 
@@ -355,7 +375,6 @@ def test_range_screen_reads_a_pow_base_as_singular_only_under_a_negative_exponen
                     helper.make_node("Neg", ["p"], ["y"])], [X], [Y],
                    [numpy_helper.from_array(np.array(exponent, np.float32), "e")])
     ranges = {"r": ValueRange(1.0, 1e-9), "p": ValueRange(1.0, 1e-3), "y": ValueRange(1.0, 1e-3)}
-    report = ConversionReport()
-    convert(model, "always-f16", report=report, check_contracts=True, value_ranges=ranges)
+    _, report = convert_and_report(model, "always-f16", check_contracts=True, value_ranges=ranges)
     assert {k.op for k in report.kept_f32} == kept
     assert all(k.code == "range-screen" for k in report.kept_f32)

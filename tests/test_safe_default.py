@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY, UNSAFE_BY_DEFAULT, Fixture
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.rewrite import decide as decide_module
 from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.verification import VerifyOptions, verify
@@ -237,6 +237,5 @@ def test_reports_name_the_kept_nodes_and_their_rules(tmp_path: Path) -> None:
     result = rlx(src, "-o", out, "-v", "--report-md", md)
     assert result.returncode == 0, result.stderr
     assert "weight: 'var' holds 1e+08" in result.stderr  # -v lists each kept node with its reason
-    report = ConversionReport()
-    convert(UNSAFE_BY_DEFAULT["huge_variance_batchnorm"]().model, "auto-mixed", report=report)
+    _, report = convert_and_report(UNSAFE_BY_DEFAULT["huge_variance_batchnorm"]().model, "auto-mixed")
     assert [k.code for k in report.kept_f32] == ["weight-range"]

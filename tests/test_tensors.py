@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert_and_report
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, NarrowBatch, check_inline_data, narrow, tensor_nbytes
@@ -86,8 +86,7 @@ def test_many_small_constants_clamp_and_count_like_one() -> None:
     graph = helper.make_graph(nodes, "adds", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
                               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    report = ConversionReport()
-    converted = convert(model, "always-f16", report=report)
+    converted, report = convert_and_report(model, "always-f16")
     assert {k: (v["clamped"], v["flushed_to_zero"]) for k, v in report.clamped.items()} == expected
     for init, original in zip(converted.graph.initializer, inits):
         assert init.data_type == TensorProto.FLOAT16

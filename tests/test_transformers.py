@@ -29,7 +29,6 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import rlx_onnx_amp
-from rlx_onnx_amp import ConversionReport
 from rlx_onnx_amp.verification.emulate import emulate
 from tests.helpers import data_file
 
@@ -124,7 +123,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def test_convert_transformer(exported, model: str, policy: str, tmp_path: Path) -> None:
     src, inputs = exported[model]
     out = tmp_path / f"{model}.{policy}.onnx"
-    report = rlx_onnx_amp.convert_file(src, out, policy, report=ConversionReport())
+    report = rlx_onnx_amp.convert_file(src, out, policy)
 
     # External data in, external data out: OUT + OUT.<content hash>.data, and nothing else referenced.
     data = data_file(out)
@@ -163,7 +162,7 @@ def test_convert_transformer(exported, model: str, policy: str, tmp_path: Path) 
     assert not stray, f"initializers of a precision {policy} does not use: {stray}"
 
     # The report says what happened.
-    counts = report.by_precision
+    counts = report.nodes.by_precision
     if policy == "always-f32":
         assert counts.get("f16", 0) == 0 and counts.get("bf16", 0) == 0, counts
     elif policy == "always-f16":
@@ -209,7 +208,7 @@ def test_transformer_bf16_for_cpu_runs_for_real(exported, model: str, tmp_path: 
     src, inputs = exported[model]
     out = tmp_path / f"{model}.bf16-cpu.onnx"
     report = rlx_onnx_amp.convert_file(src, out, "auto-mixed-bf16", options=rlx_onnx_amp.make_options(target="cpu"))
-    assert report.target == "cpu" and report.by_precision["bf16"] > 0, report.by_precision
+    assert report.target == "cpu" and report.nodes.by_precision["bf16"] > 0, report.nodes.by_precision
     kernel_kept = [k for k in report.kept_f32 if k.code in ("kernel-table", "kernel-gap")]
     assert kernel_kept and all("CPUExecutionProvider" in k.reason for k in kernel_kept)
     ref = _reference(model, src, inputs)

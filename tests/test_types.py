@@ -14,7 +14,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from fixtures.onnx_cases import collect_eligible
-from rlx_onnx_amp import ConversionReport, convert
+from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.types import infer_types, model_types, schema_types
 
 LIGHT = sorted((Path(onnx.backend.test.__file__).parent / "data" / "light").glob("light_*.onnx"))
@@ -77,14 +77,14 @@ def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.
     monkeypatch.setattr(converter, "infer_types", counted_infer_types)
     fast = {}
     for name, model in models.items():
-        report = ConversionReport()
-        fast[name] = (convert(model, "always-f16", report=report).SerializeToString(), report.to_json())
+        out, report = convert_and_report(model, "always-f16")
+        fast[name] = (out.SerializeToString(), report.to_json())
     fell_back = len(inferred)
     monkeypatch.setattr(converter, "declared_types", lambda graph, fields=None: None)
     differ = []
     for name, model in models.items():
-        report = ConversionReport()
-        slow = (convert(model, "always-f16", report=report).SerializeToString(), report.to_json())
+        out, report = convert_and_report(model, "always-f16")
+        slow = (out.SerializeToString(), report.to_json())
         if slow != fast[name]:
             differ.append(name)
     assert differ == []

@@ -16,6 +16,7 @@ from onnx import helper as h
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
 from rlx_onnx_amp import convert_file
 from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.reports.record import Worst
 from rlx_onnx_amp.verification import InputSpec, Tolerance, VerifyOptions, compare_arrays, verify
 from rlx_onnx_amp.verification.inputs import synthesize
 from tests.helpers import data_file, rlx
@@ -37,7 +38,7 @@ def test_known_differences() -> None:
     d = compare_arrays("y", ref, cand, TOL)
     assert d.max_abs == pytest.approx(0.5) and d.max_rel == pytest.approx(0.25)
     assert d.mean_abs == pytest.approx(0.125)
-    assert d.worst == {"index": [0, 1], "reference": 2.0, "candidate": 2.5}
+    assert d.worst == Worst((0, 1), 2.0, 2.5)
     assert d.mismatch_pct == pytest.approx(25.0)
     expected_cos = float(np.dot(ref.ravel(), cand.ravel()) / (np.linalg.norm(ref) * np.linalg.norm(cand)))
     assert d.cosine == pytest.approx(expected_cos)
@@ -81,11 +82,11 @@ def test_each_check_alone(check: str) -> None:
     """A candidate that fails one check fails on it alone, with its code; the reference passes."""
     ref, cand, tol = _CHECK_CASES[check]
     drift = compare_arrays("y", ref, cand, tol)
-    assert not drift.passed and drift.failed_checks == [check], drift.failures
+    assert not drift.passed and drift.failed_checks == (check,), drift.failures
     assert drift.failures is not None and len(drift.failures) == 1
-    assert drift.score > 1.0  # how far from passing: what repair minimizes
+    assert drift.score is not None and drift.score > 1.0  # how far from passing: what repair minimizes
     same = compare_arrays("y", ref, ref.copy(), tol)
-    assert same.passed and same.failed_checks is None and same.score <= 1.0
+    assert same.passed and same.failed_checks is None and same.score is not None and same.score <= 1.0
 
 
 def test_empty_output_passes_with_zero_elements() -> None:
@@ -97,7 +98,7 @@ def test_zeros_where_the_reference_is_small_fail_on_cosine() -> None:
     # Absolute tolerance alone passes this candidate; the cosine criterion does not.
     ref = np.random.default_rng(0).standard_normal(100).astype(np.float32) * 1e-3
     d = compare_arrays("y", ref, np.zeros_like(ref), TOL)
-    assert d.max_abs < TOL.atol
+    assert d.max_abs is not None and d.max_abs < TOL.atol
     assert not d.passed and d.failures is not None and any("cosine" in f for f in d.failures)
 
 

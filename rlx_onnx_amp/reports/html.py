@@ -44,10 +44,14 @@ from rlx_onnx_amp.reports.text import (
     criterion_line,
     drift_rows,
     fmt,
+    gain_line,
+    latency_line,
     localized_table,
     percent,
     repair_kept_rows,
     required_tolerances,
+    size_ratio,
+    speedup,
     worst_score,
 )
 
@@ -151,12 +155,14 @@ def _summary(results: Sequence[ModelResult]) -> str:
             f"<td class='num'>{_e(sum(not o.passed for o in v.outputs) if v is not None else '-')}</td>"
             f"<td class='num'>{_e(fmt(worst_score(v)) if v is not None else '-')}</td>"
             f"<td class='num'>{_e(percent(cost.mac_low_share) if cost is not None else '-')}</td>"
+            f"<td class='num'>{_e(size_ratio(conv))}</td>"
+            f"<td class='num'>{_e(speedup(v))}</td>"
             "</tr>"
         )
     failed = [r.failure for r in results if r.failure is not None]
     rows += [
         f"<tr><td><code>{_e(f.model)}</code></td><td><span class='fail'>ERROR</span></td>"
-        f"<td colspan='4'>{_e(f.error)}</td></tr>"
+        f"<td colspan='6'>{_e(f.error)}</td></tr>"
         for f in failed
     ]
     passed = all(r.verify is None or r.verify.passed for r in entries) and not failed
@@ -165,7 +171,7 @@ def _summary(results: Sequence[ModelResult]) -> str:
         f"<p>Verdict: <span class='{'pass' if passed else 'fail'}'>{verdict}</span> "
         f"({len(entries) + len(failed)} model(s)).</p>"
         "<table><tr><th>model</th><th>result</th><th>policy</th><th>failed outputs</th><th>worst score</th>"
-        "<th>MACs low</th></tr>" + "".join(rows) + "</table>"
+        "<th>MACs low</th><th>size</th><th>speed-up</th></tr>" + "".join(rows) + "</table>"
     )
 
 
@@ -185,6 +191,9 @@ def _model_section(r: ModelResult, figures: _Figures) -> list[str]:
     out = [f"<h2 id='{_anchor(name)}'><code>{_e(name)}</code> {_verdict(v.passed if v is not None else None)}</h2>"]
     if v is not None:
         out += _verify_section(v, figures)
+        latency = latency_line(v, r.conversion.target if r.conversion is not None else None)
+        if latency:
+            out.append(f"<p>{_e(latency[0].upper() + latency[1:])}.</p>")
     if r.conversion is not None:
         out += _conversion_section(r.conversion, figures)
         if r.repair is not None:
@@ -240,6 +249,9 @@ def _conversion_section(r: Conversion, figures: _Figures) -> list[str]:
     cost = cost_line(r.cost.to_json() if r.cost is not None else None)
     if cost:
         out.append(f"<p>{_e(cost[0].upper() + cost[1:])}.</p>")
+    gain = gain_line(r)
+    if gain:
+        out.append(f"<p><strong>{_e(gain[0].upper() + gain[1:])}.</strong></p>")
     out.append("<div class='plots'>")
     out.append(figures.precision_bars("Node kind", r.by_kind))
     busiest = dict(sorted(r.by_op.items(), key=lambda kv: -sum(kv[1].values()))[:20])

@@ -19,6 +19,7 @@ from typing import Any
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.exits import EXIT_OK, worst_exit_code
 from rlx_onnx_amp.reports.record import SCHEMA_VERSION, Failure, ModelResult, RecordError, Verification, batch_json
+from rlx_onnx_amp.reports.text import SUMMARY_COLUMNS, size_ratio, speedup
 
 __all__ = ["MergedReport", "merge_reports", "merged_markdown", "read_report"]
 
@@ -102,6 +103,8 @@ def _row(r: ModelResult) -> str:
         str(sum(not o.passed for o in v.outputs)) if v else "-",
         _score(r),
         f"{100 * share:.0f}%" if share is not None else "-",
+        size_ratio(c),
+        speedup(v),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -115,10 +118,11 @@ def merged_markdown(merged: MergedReport) -> str:
         "",
         f"{len(merged.results)} models from {len(merged.shards)} report(s); exit code {merged.exit_code}.",
         "",
-        "| model | result | policy | provider | emulated | outputs | failed | worst score | MACs low |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+        "|---" * len(SUMMARY_COLUMNS) + "|",
         *map(_row, models),
-        *(f"| `{f.model}` | **ERROR** (exit {f.exit_code}) | - | - | - | - | - | {f.error} | - |" for f in failed),
+        *(f"| `{f.model}` | **ERROR** (exit {f.exit_code}) | {' | '.join(['-'] * 5)} | {f.error} | - | - | - |"
+          for f in failed),
     ]
     why = [
         f"- `{r.output or r.model}` `{o.name}`: {'; '.join(o.failures or [])}"

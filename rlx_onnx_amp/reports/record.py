@@ -4,11 +4,13 @@ written by `--report-json`) and that `merge-reports` reads back.
 
 A `ModelResult` holds a model's `Conversion`, its `Verification` (per output an `OutputResult`,
 the nodes where drift starts as `Localized` entries), its `Repair`, why it was written
-unverified, or its `Failure`. Each record's JSON is its fields in order, nested records and
-tuples as objects and lists (`to_json`), and `from_json` reads that JSON back into equal
-records; a field marked `_ABSENT_WHEN_NONE` is left out of the JSON when None, as the reports
-leave it. Records are built from the live results through that same JSON (`from_report`), so a
-rendering sees exactly what the JSON report says, and `from_json(r.to_json()) == r`.
+unverified, or its `Failure`. Each stage builds its record once (the rewrite its `Conversion`,
+the verifier its `Verification`, repair its `Repair`), and nothing else writes them. Each
+record's JSON is its fields in order, nested records and tuples as objects and lists
+(`to_json`), and `from_json` reads that JSON back into equal records; a field marked
+`_ABSENT_WHEN_NONE` is left out of the JSON when None, as the reports leave it, and one marked
+`_NOT_IN_JSON` (what the run needs, not the report) is not written. `json_schema` is the JSON
+Schema of the report files, from the same field types.
 """
 
 from __future__ import annotations
@@ -19,27 +21,28 @@ import json
 import numbers
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from rlx_onnx_amp.cost import Cost
-from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, EXIT_UNVERIFIED
+from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_LOW_GAIN, EXIT_OK, EXIT_UNVERIFIED
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.reports.conversion import ConversionReport, KeptNode
-
-if TYPE_CHECKING:
-    from rlx_onnx_amp.repair import RepairResult
-    from rlx_onnx_amp.verification.core import VerifyReport
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ByteCounts",
     "Conversion",
     "Distribution",
     "Failure",
+    "Gate",
+    "HeldOut",
     "Histogram",
+    "KeptNode",
+    "Latency",
     "Localized",
     "ModelResult",
+    "NodeIndex",
     "OutputResult",
     "RecordError",
     "Repair",
@@ -49,7 +52,9 @@ __all__ = [
     "TracePoint",
     "Verification",
     "batch_json",
+    "json_schema",
     "report_document",
+    "report_kind",
     "report_text",
 ]
 
@@ -60,6 +65,13 @@ class RecordError(ValueError):
 
 #: A field's metadata: the JSON leaves the key out when the value is None.
 _ABSENT_WHEN_NONE = {"absent_when_none": True}
+#: A field's metadata: the field is not in the JSON at all (what the run needs, not the report);
+#: read back, it takes its default.
+_NOT_IN_JSON = {"in_json": False}
+
+
+def _json_fields(cls: Any) -> Iterator[dataclasses.Field[Any]]:
+    return (f for f in dataclasses.fields(cls) if f.metadata.get("in_json", True))
 
 
 class _Record:
@@ -67,7 +79,7 @@ class _Record:
 
     def to_json(self) -> dict[str, Any]:
         data = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in _json_fields(self):
             value = getattr(self, f.name)
             if value is None and f.metadata.get("absent_when_none"):
                 continue
@@ -80,7 +92,7 @@ class _Record:
             raise RecordError(f"{cls.__name__}: an object was expected, not {type(data).__name__}")
         hints = _hints(cls)
         values = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        for f in _json_fields(cls):
             if f.name in data:
                 values[f.name] = _decode(hints[f.name], data[f.name], f.name)
             elif not f.metadata.get("absent_when_none"):
@@ -153,14 +165,41 @@ class Nodes(_Record):
 
 
 @dataclass(frozen=True)
-class InitializerBytes(_Record):
+class ByteCounts(_Record):
+    """Bytes before the conversion and after it."""
+
     before: int
     after: int
 
 
 @dataclass(frozen=True)
+class KeptNode(_Record):
+    """A node left in its original (f32) types although the policy wanted it lower."""
+
+    node: str
+    op: str
+    reason: str
+    path: str
+    code: str | None = None  # rewrite.rules.REASON_CODES
+
+
+@dataclass(frozen=True)
+class NodeIndex:
+    """Per node path, what repair and the keep options need of a conversion (not in the JSON):
+    the precision it ended at ("none": no float values), the deciding rule's code for every
+    node one of the rules stopped from running at its kind's precision, and the nodes in low precision
+    that a keep (`ConvertOptions.keep_f32_paths`) would return to their original types, with
+    their label and op: the only nodes repair may spend an evaluation on."""
+
+    decisions: Mapping[str, str] = field(default_factory=dict)
+    rules: Mapping[str, str] = field(default_factory=dict)
+    keepable: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Conversion(_Record):
-    """What the rewrite did to one model (`ConversionReport.to_json`)."""
+    """What the rewrite did to one model (`rewrite.summary.summarize`), with what the file layer
+    adds: where it was written, its data files, and what proved it sound."""
 
     model: str
     output: str
@@ -175,21 +214,15 @@ class Conversion(_Record):
     kept_f32: tuple[KeptNode, ...]
     by_rule: dict[str, int]
     clamped: dict[str, dict[str, Any]]
-    initializer_bytes: InitializerBytes
+    initializer_bytes: ByteCounts
     unknown_ops: tuple[str, ...]
     data_files: tuple[str, ...]
     cost: Cost | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    #: The model file and its external data files, as read and as written (a file's conversion).
+    file_bytes: ByteCounts | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
     #: What proved the output sound (`api.prove`); the JSON has it after `verify` and `unverified`.
     proof: str | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-
-    @classmethod
-    def from_report(cls, report: ConversionReport, output: str | None = None) -> Conversion:
-        """The record of `report`; `output`: the path the reports name, when it is not the one
-        the model was staged for (a file of a directory, put in place with the directory)."""
-        data = report.to_json()
-        if output is not None:
-            data["output"] = output
-        return cls.from_json(data)
+    index: NodeIndex = field(default_factory=NodeIndex, compare=False, repr=False, metadata=_NOT_IN_JSON)
 
 
 # -- the verification -------------------------------------------------------------------------
@@ -243,8 +276,8 @@ class Distribution(_Record):
 
 @dataclass(frozen=True)
 class OutputResult(_Record):
-    """One output's drift and verdict (`metrics.OutputDrift`; a metric that is not finite is
-    None, as in the JSON), with the tolerance it was judged by."""
+    """One output's drift and verdict (`metrics.compare_arrays`; a metric that is not finite
+    is None, as in the JSON), with the tolerance it was judged by."""
 
     name: str
     dtype: str
@@ -312,9 +345,30 @@ class TracePoint(_Record):
 
 
 @dataclass(frozen=True)
+class Latency(_Record):
+    """The reference's and the candidate file's median time per inference over `runs` warm
+    runs on the first input set, on `provider` (the one the verification ran on, which may
+    stand in for the target's), with onnxruntime's default session options. None where a model
+    could not be timed there; `note` says why."""
+
+    provider: str
+    runs: int
+    reference_ms: float | None
+    candidate_ms: float | None
+    note: str | None
+
+    @property
+    def speedup(self) -> float | None:
+        """Reference time over candidate time: above 1 the candidate is faster."""
+        if self.reference_ms is None or not self.candidate_ms:
+            return None
+        return self.reference_ms / self.candidate_ms
+
+
+@dataclass(frozen=True)
 class Verification(_Record):
-    """The drift report of one candidate against its reference (`VerifyReport.to_json`); the
-    tolerances are per output name, "" the default."""
+    """The drift report of one candidate against its reference (`verification.Verifier.verify`);
+    the tolerances are per output name, "" the default."""
 
     reference: str
     candidate: str
@@ -336,10 +390,7 @@ class Verification(_Record):
     outputs: tuple[OutputResult, ...]
     localized: tuple[Localized, ...] | None
     localize_trace: tuple[TracePoint, ...] | None
-
-    @classmethod
-    def from_report(cls, report: VerifyReport) -> Verification:
-        return cls.from_json(report.to_json())
+    latency: Latency | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
 
     @property
     def constant_outputs(self) -> dict[str, float]:
@@ -383,8 +434,19 @@ class RepairStep(_Record):
 
 
 @dataclass(frozen=True)
+class HeldOut(_Record):
+    """`--policy auto` with several input sets: the search chose on the first `chosen_on` of
+    them and the written model was confirmed on the other `confirmed_on` (the model's `verify`);
+    `choosing_passed` is its verdict on the sets that chose."""
+
+    chosen_on: int
+    confirmed_on: int
+    choosing_passed: bool
+
+
+@dataclass(frozen=True)
 class Repair(_Record):
-    """What `--repair` did (`repair.RepairResult.to_json`)."""
+    """What `--repair` did (`repair.repair_file`)."""
 
     passed: bool
     evaluations: int
@@ -394,10 +456,7 @@ class Repair(_Record):
     best: RepairBest | None
     minimality: str
     history: tuple[RepairStep, ...]
-
-    @classmethod
-    def from_report(cls, result: RepairResult) -> Repair:
-        return cls.from_json(result.to_json())
+    held_out: HeldOut | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
 
 
 # -- one model --------------------------------------------------------------------------------
@@ -413,6 +472,17 @@ class Failure(_Record):
 
 
 @dataclass(frozen=True)
+class Gate(_Record):
+    """`--min-low-share`: the share of the written model's multiply-accumulates in low precision
+    (quantized compute counts as low; None when the model's MACs are unknown) against the
+    minimum asked."""
+
+    min_low_share: float
+    low_share: float | None
+    passed: bool
+
+
+@dataclass(frozen=True)
 class ModelResult:
     """What one model came to: converted (and verified, repaired, or written unverified), a
     `verify` command's candidate (no conversion), or a failure."""
@@ -422,6 +492,7 @@ class ModelResult:
     repair: Repair | None = None
     unverified: str | None = None  # why a conversion verified by default was written without a verdict
     failure: Failure | None = None
+    gate: Gate | None = None  # --min-low-share
 
     def __post_init__(self) -> None:
         if (self.failure is None) == (self.conversion is None and self.verify is None):
@@ -444,8 +515,10 @@ class ModelResult:
         """This model's share of its batch's exit code (`exits.worst_exit_code`)."""
         if self.failure is not None:
             return self.failure.exit_code
-        if self.verify is not None:
-            return EXIT_OK if self.verify.passed else EXIT_DRIFT
+        if self.verify is not None and not self.verify.passed:
+            return EXIT_DRIFT
+        if self.gate is not None and not self.gate.passed:
+            return EXIT_LOW_GAIN
         return EXIT_UNVERIFIED if self.unverified is not None else EXIT_OK
 
     @property
@@ -470,6 +543,8 @@ class ModelResult:
             data["proof"] = proof
         if self.repair is not None:
             data["repair"] = self.repair.to_json()
+        if self.gate is not None:
+            data["gate"] = self.gate.to_json()
         return data
 
     @classmethod
@@ -487,6 +562,7 @@ class ModelResult:
             verify=Verification.from_json(data["verify"]) if data.get("verify") is not None else None,
             repair=Repair.from_json(data["repair"]) if data.get("repair") is not None else None,
             unverified=unverified,
+            gate=Gate.from_json(data["gate"]) if data.get("gate") is not None else None,
         )
 
 
@@ -515,3 +591,126 @@ def batch_json(results: Sequence[ModelResult], exit_code: int) -> dict[str, Any]
         "passed": exit_code == EXIT_OK,
         "exit_code": exit_code,
     })
+
+
+# -- the schema -------------------------------------------------------------------------------
+
+#: The JSON types of the scalars a record declares.
+_SCALAR_SCHEMAS: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    bool: {"type": "boolean"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+}
+
+
+def _type_schema(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of a field of type `kind`, records added to `defs` by name."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is types.UnionType or origin is typing.Union:
+        (inner,) = [a for a in args if a is not type(None)]
+        return {"anyOf": [_type_schema(inner, defs), {"type": "null"}]}
+    if kind is Any:
+        return {}
+    if origin is tuple or origin is list:
+        return {"type": "array", "items": _type_schema(args[0], defs)}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _type_schema(args[1], defs)}
+    if isinstance(kind, type) and issubclass(kind, _Record):
+        if kind.__name__ not in defs:
+            defs[kind.__name__] = {}  # a placeholder while its fields are read
+            defs[kind.__name__] = _record_schema(kind, defs)
+        return {"$ref": f"#/$defs/{kind.__name__}"}
+    if hasattr(kind, "json_schema"):
+        return dict(kind.json_schema())
+    return dict(_SCALAR_SCHEMAS[kind])
+
+
+def _record_schema(cls: type, defs: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    hints = _hints(cls)
+    properties, required = {}, []
+    for f in _json_fields(cls):
+        properties[f.name] = _type_schema(hints[f.name], defs)
+        if not f.metadata.get("absent_when_none"):
+            required.append(f.name)
+    properties.update(extra or {})
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    schema["additionalProperties"] = False
+    if cls.__doc__:
+        schema["description"] = " ".join(cls.__doc__.split())
+    return schema
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of every report file the command line writes: one
+    model's (`--report-json` of a conversion), a batch's, and a verify command's. Built from
+    the records' field types, so a field added to a record is in the schema too; the checked-in
+    copy is docs/report.schema.json (`python -m rlx_onnx_amp.reports.record`)."""
+    defs: dict[str, Any] = {}
+    verification = _type_schema(Verification, defs)
+    repair = _type_schema(Repair, defs)
+    defs["Model"] = _record_schema(
+        Conversion,
+        defs,
+        {
+            "verify": verification,
+            "unverified": {"type": "string"},
+            "proof": {"type": "string"},
+            "repair": repair,
+            "gate": _type_schema(Gate, defs),
+        },
+    )
+    defs["Model"]["description"] = "One model: its conversion's keys, then its drift report, proof and repair."
+    verify_entry = {
+        "type": "object",
+        "properties": {"model": {"type": "string"}, "output": {"type": "string"}, "verify": verification},
+        "required": ["model", "output", "verify"],
+        "additionalProperties": False,
+    }
+    version = {"const": SCHEMA_VERSION}
+    model_file = {**defs["Model"], "properties": {"schema_version": version, **defs["Model"]["properties"]}}
+    model_file["description"] = "A model's report file (`--report-json` of one conversion)."
+    defs["ModelReport"] = model_file
+    defs["BatchReport"] = {
+        "description": "A batch's report file (several models, `merge-reports`).",
+        "type": "object",
+        "properties": {
+            "schema_version": version,
+            "models": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Model"}, verify_entry]}},
+            "failed": {"type": "array", "items": _type_schema(Failure, defs)},
+            "passed": {"type": "boolean"},
+            "exit_code": {"type": "integer"},
+            "shards": {"type": "array", "items": {"type": "string"}, "description": "merge-reports: the files merged"},
+        },
+        "required": ["schema_version", "models", "failed", "passed", "exit_code"],
+        "additionalProperties": False,
+    }
+    defs["VerifyReport"] = {
+        "description": "A verify command's report file.",
+        "type": "object",
+        "properties": {"schema_version": version, "verify": verification},
+        "required": ["schema_version", "verify"],
+        "additionalProperties": False,
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "rlx-amp report",
+        "description": "A JSON report of rlx-amp (docs/reports.md): one model's, a batch's, or a verify command's.",
+        "oneOf": [{"$ref": f"#/$defs/{name}"} for name in REPORT_KINDS],
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+#: The report files' kinds, by their definition in the schema.
+REPORT_KINDS = ("ModelReport", "BatchReport", "VerifyReport")
+
+
+def report_kind(data: Mapping[str, Any]) -> str:
+    """Which of `REPORT_KINDS` a report file is, by its keys."""
+    if "models" in data:
+        return "BatchReport"
+    return "VerifyReport" if "verify" in data and "nodes" not in data else "ModelReport"
+
+
+if __name__ == "__main__":  # python -m rlx_onnx_amp.reports.record > docs/report.schema.json
+    print(json.dumps(json_schema(), indent=2))

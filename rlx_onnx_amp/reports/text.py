@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlx_onnx_amp.cost import Cost, short_count
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.reports.record import Conversion, Failure, Localized, ModelResult, OutputResult, Repair, Verification
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
@@ -56,23 +57,15 @@ def _kind_rows(by_kind: dict[str, dict[str, int]]) -> list[list[object]]:
     return [[kind, *(counts.get(p, 0) for p in PRECISION_COLUMNS)] for kind, counts in sorted(by_kind.items())]
 
 
-def _count(n: float) -> str:
-    """1234567 -> 1.23 M: MAC and byte counts at a glance."""
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f}"
-
-
 def cost_line(cost: Mapping[str, Any] | None) -> str | None:
     """The cost model in one line (JSON `cost`), or None when there is none."""
     if not cost:
         return None
     shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in cost["input_shapes"].items())
-    macs = f"{_count(cost['macs'])} MACs, {percent(cost['mac_low_share'])} low"
+    macs = f"{short_count(cost['macs'])} MACs, {percent(cost['mac_low_share'])} low"
     if cost["unknown_macs_nodes"]:
         macs += f" ({cost['unknown_macs_nodes']} Compute nodes of unknown shape not counted)"
-    casts = f"{cost['casts']} float Casts moving {_count(cost['cast_bytes'])}B per inference"
+    casts = f"{cost['casts']} float Casts moving {short_count(cost['cast_bytes'])}B per inference"
     if cost["unknown_cast_nodes"]:
         casts += f" ({cost['unknown_cast_nodes']} of unknown shape)"
     return (
@@ -95,7 +88,7 @@ def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 percent(c.get("mac_low_share")),
                 percent(c.get("weight_low_share")),
                 r["casts_inserted"],
-                f"{_count(c.get('cast_bytes', 0))}B",
+                f"{short_count(c.get('cast_bytes', 0))}B",
                 c.get("islands", "-"),
                 len(r["kept_f32"]),
             ]
@@ -103,7 +96,7 @@ def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(
         [
             f"{first['model']}  (target {first['target']}, {first['nodes']['total']} nodes, inputs {shapes or 'none'}, "
-            f"{_count((first.get('cost') or {}).get('macs', 0))} MACs)",
+            f"{short_count((first.get('cost') or {}).get('macs', 0))} MACs)",
             "",
             table(("policy", "MACs low", "weights low", "casts", "cast bytes/inference", "islands", "kept f32"), body),
         ]
@@ -146,6 +139,12 @@ def _cost_sentence(c: Conversion) -> list[str]:
     return [cost[0].upper() + cost[1:] + ".", ""] if cost else []
 
 
+def _gain_sentence(c: Conversion) -> list[str]:
+    """What the conversion buys as a Markdown sentence and a blank line."""
+    gain = gain_line(c)
+    return [gain[0].upper() + gain[1:] + ".", ""] if gain else []
+
+
 def _failures(results: Sequence[ModelResult]) -> list[Failure]:
     return [r.failure for r in results if r.failure is not None]
 
@@ -167,6 +166,7 @@ def conversion_markdown(results: Sequence[ModelResult]) -> str:
             "",
         ]
         out += _cost_sentence(c)
+        out += _gain_sentence(c)
     return "\n".join(out)
 
 
@@ -354,6 +354,15 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[
     ]
 
 
+#: The summary table's columns (drift report, merge-reports); the last three are what the
+#: conversion buys: its MACs in low precision, its files' size against the input's, and its
+#: speed-up on the provider the check ran on.
+SUMMARY_COLUMNS = (
+    "model", "result", "policy", "provider", "emulated", "outputs", "failed", "worst score", "MACs low", "size",
+    "speed-up",
+)
+
+
 def verify_markdown(results: Sequence[ModelResult]) -> str:
     """A Markdown summary for a CI job's summary page: each verified model (with its conversion
     and repair where it has them), and the models that could not be converted."""
@@ -374,10 +383,13 @@ def verify_markdown(results: Sequence[ModelResult]) -> str:
                 len(v.outputs),
                 sum(not o.passed for o in v.outputs),
                 worst_score(v),
+                percent(r.conversion.cost.mac_low_share) if r.conversion and r.conversion.cost else "-",
+                size_ratio(r.conversion),
+                speedup(v),
             ]
         )
-    summary += [[f"`{f.model}`", "**ERROR**", "-", "-", "-", "-", "-", f.error] for f in failed]
-    out += _md_table(["model", "result", "policy", "provider", "emulated", "outputs", "failed", "worst score"], summary)
+    summary += [[f"`{f.model}`", "**ERROR**", "-", "-", "-", "-", "-", f.error, "-", "-", "-"] for f in failed]
+    out += _md_table(SUMMARY_COLUMNS, summary)
     out.append("")
     for r in verified:
         out += _verified_md(r)
@@ -409,6 +421,9 @@ def _verified_md(r: ModelResult) -> list[str]:
         out += ["", "Minimum tolerances that would have passed:", "", *(f"- `{t}`" for t in needed)]
     if v.localized:
         out += ["", "First nodes where drift starts:", "", *_md_table(*localized_table(v.localized))]
+    latency = latency_line(v, r.conversion.target if r.conversion is not None else None)
+    if latency:
+        out += ["", latency[0].upper() + latency[1:] + "."]
     if r.conversion is not None:
         out += ["", "### Conversion", "", *_conversion_facts_md(r.conversion)]
         if r.repair is not None:
@@ -424,6 +439,7 @@ def _conversion_facts_md(c: Conversion) -> list[str]:
         f"{_mib(c.initializer_bytes.after)}.",
         "",
         *_cost_sentence(c),
+        *_gain_sentence(c),
     ]
     out += _md_table(["kind", *PRECISION_COLUMNS], _kind_rows(c.by_kind))
     if c.kept_f32:
@@ -484,3 +500,74 @@ def repair_summary(repair: Repair) -> str:
 
 def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+# -- what a conversion buys -------------------------------------------------------------------
+
+
+def size_ratio(c: Conversion | None) -> str:
+    """The written files' bytes over the input's ("0.51x"), or "-" where unknown."""
+    if c is None or c.file_bytes is None or not c.file_bytes.before:
+        return "-"
+    return f"{c.file_bytes.after / c.file_bytes.before:.2f}x"
+
+
+def speedup(v: Verification | None) -> str:
+    """The original's time per inference over the written model's ("1.35x": faster), or "-"."""
+    value = v.latency.speedup if v is not None and v.latency is not None else None
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _mac_classes(cost: Cost) -> str:
+    """MACs per precision class, the classes present: "f16 98%, int8 2%"."""
+    if not cost.macs:
+        return ""
+    present = [(k, n) for k, n in cost.macs_by_precision.items() if n]
+    return ", ".join(f"{k} {100 * n / cost.macs:.0f}%" for k, n in present)
+
+
+def gain_line(c: Conversion) -> str | None:
+    """What the conversion buys, in one line: files, weights, compute in low precision and
+    its classes, the Casts it pays per inference; None without a cost model."""
+    cost = c.cost
+    if cost is None:
+        return None
+    parts = []
+    if c.file_bytes is not None:
+        parts.append(f"file {_mib(c.file_bytes.before)} -> {_mib(c.file_bytes.after)} ({size_ratio(c)})")
+    parts.append(f"weights {_mib(c.initializer_bytes.before)} -> {_mib(c.initializer_bytes.after)}")
+    if cost.macs:
+        parts.append(f"{percent(cost.mac_low_share)} of {short_count(cost.macs)} MACs low ({_mac_classes(cost)})")
+    else:
+        unknown = cost.unknown_macs_nodes
+        parts.append("no MACs counted" + (f" ({unknown} Compute nodes of unknown shape)" if unknown else ""))
+    parts.append(f"{cost.casts} Casts moving {short_count(cost.cast_bytes)}B per inference")
+    return "buys: " + ", ".join(parts)
+
+
+def latency_line(v: Verification, target: str | None) -> str | None:
+    """The measured time per inference of the original and the written model on the provider
+    the check ran on; where that provider is not the target's, it says so and draws no speed
+    conclusion. None when nothing was timed."""
+    lat = v.latency
+    if lat is None:
+        return None
+    if lat.reference_ms is None or lat.candidate_ms is None:
+        return f"latency on {lat.provider}: not measured ({_summarized(lat.note or 'unknown')})"
+    ratio = lat.speedup
+    assert ratio is not None
+    verdict = "faster" if ratio > 1.05 else "slower" if ratio < 1 / 1.05 else "about the same"
+    line = (
+        f"latency on {lat.provider}: {lat.reference_ms:.3g} ms -> {lat.candidate_ms:.3g} ms per inference "
+        f"(median of {lat.runs}; {ratio:.2f}x, {verdict})"
+    )
+    if target and target != lat.provider:
+        line += f"; {lat.provider} stands in for the {target} target: no speed conclusion"
+    elif verdict == "slower":
+        line += f": the written model is slower than the original on {lat.provider}, its target"
+    return line
+
+
+def _summarized(text: str, limit: int = 120) -> str:
+    """A long message cut at a word, for one line; the whole text is in the JSON."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."

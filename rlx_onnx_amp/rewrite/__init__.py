@@ -34,12 +34,19 @@ appended where they are made and sorted into place once; small weights and Const
 narrowed together in one numpy pass (`tensors.NarrowBatch`).
 """
 
-from rlx_onnx_amp.rewrite.convert import RewrittenModel, conversion_passes, convert_model, rewrite_model
+from rlx_onnx_amp.rewrite.convert import (
+    RewrittenModel,
+    conversion_passes,
+    convert_model,
+    rewrite_model,
+    summarize_plan,
+)
 from rlx_onnx_amp.rewrite.decide import DecidePass
 from rlx_onnx_amp.rewrite.emit import EmitPass
 from rlx_onnx_amp.rewrite.plan import ConvertOptions, NodeDecision, Plan, Stage
 from rlx_onnx_amp.rewrite.rules import KEEP_RULES, REASON_CODES, RULES_BY_CODE, VARIABLE_RULES, KeepRule, VariableRule
 from rlx_onnx_amp.rewrite.store import StorePass
+from rlx_onnx_amp.rewrite.summary import why_not_keepable
 
 __all__ = [
     "KEEP_RULES",
@@ -59,4 +66,6 @@ __all__ = [
     "conversion_passes",
     "convert_model",
     "rewrite_model",
+    "summarize_plan",
+    "why_not_keepable",
 ]

@@ -9,9 +9,10 @@ import onnx
 from onnx import ModelProto, NodeProto, helper
 
 from rlx_onnx_amp.kernels import Target
-from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.policy import Policy
+from rlx_onnx_amp.precision import TYPE_STR, Precision
 from rlx_onnx_amp.ranges import NumericFacts, ValueRange
-from rlx_onnx_amp.rewrite.plan import TYPE_STR, Conversion
+from rlx_onnx_amp.rewrite.plan import Conversion
 from rlx_onnx_amp.rewrite.rules import Lowering, NodeFacts, lower_variables
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS
 
@@ -28,6 +29,7 @@ class DecideContext:
         options = conversion.options
         self._cx = conversion
         self.provider: Target = options.target
+        self.policy: Policy = conversion.policy
         self.numeric: NumericFacts = conversion.numeric
         self.value_ranges: Mapping[str, ValueRange] = options.value_ranges
         self.keep_node_patterns = [re.compile(p) for p in options.keep_f32_nodes]

@@ -8,8 +8,9 @@ import logging
 from onnx import NodeProto
 
 from rlx_onnx_amp.passes import Pass, PassResult
+from rlx_onnx_amp.precision import F32
 from rlx_onnx_amp.rewrite.context import DecideContext
-from rlx_onnx_amp.rewrite.plan import F32, Conversion, NodeDecision, Plan, Scope, Stage
+from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Plan, Scope, Stage
 from rlx_onnx_amp.rewrite.rules import (
     KEEP_RULES,
     KEEPABLE_FROM,
@@ -20,7 +21,6 @@ from rlx_onnx_amp.rewrite.rules import (
     RULES_BY_CODE,
     Effect,
     NodeFacts,
-    low_precisions,
 )
 from rlx_onnx_amp.rewrite.templates import OMITTED, Outcome, Templates, Untyped, type_outputs
 from rlx_onnx_amp.schema import signature
@@ -54,15 +54,9 @@ class DecidePass(Pass[Plan]):
     def __init__(self, conversion: Conversion) -> None:
         self.cx = conversion
         self.context = DecideContext(conversion)
-        numeric = conversion.numeric
-        # The per-node rules that can fire on this model: the others cost nothing per node.
-        active = {
-            "user-keep": self.context.has_user_keeps,
-            "dequantize-arithmetic": numeric.has_accumulators,
-            "weight-range": any(numeric.any_past_range(p) for p in low_precisions(conversion.policy)),
-            "range-screen": bool(conversion.options.value_ranges),
-        }
-        self.node_rules = tuple(r for r in PER_NODE_RULES if active[r.code])
+        # The per-node rules that can fire on this model (each rule's own `active`): the others
+        # cost nothing per node.
+        self.node_rules = tuple(r for r in PER_NODE_RULES if r.active is None or r.active(self.context))
         self.kind_precision = {k: conversion.policy.precision_for(k) for k in OpKind}
         self.templates = Templates()
 
@@ -224,9 +218,9 @@ class DecidePass(Pass[Plan]):
         for rule in self.node_rules:
             if RULE_ORDER[rule.code] >= decided:
                 return
-            reason = rule.check(self.context, facts)
-            if reason:
-                d.precision, d.reason, d.code = None, reason, rule.code
+            verdict = rule.check(self.context, facts)
+            if verdict is not None:
+                d.precision, d.reason, d.code = None, verdict.reason, rule.code
                 d.input_types = {k: t for k, t in d.input_types.items() if t is None}  # any-float inputs stay any
                 d.output_types = {}
                 return
@@ -261,9 +255,9 @@ class DecidePass(Pass[Plan]):
         f.any_inputs = tuple(any_inputs)
         f.target = target = self.kind_precision[kind] if kind is not None else None
         for rule in NODE_INDEPENDENT_RULES:
-            reason = rule.check(self.context, f)
-            if reason:
-                reported = reason if rule.effect is Effect.KEEPS else None
+            verdict = rule.check(self.context, f)
+            if verdict is not None:
+                reported = verdict.reason if rule.effect is Effect.KEEPS else None
                 keepable = RULE_ORDER[rule.code] > KEEPABLE_FROM
                 source = rule.effect is Effect.FOLLOWS_CONSUMERS
                 return Outcome(kind, rule.code, reported, None, {} if source else any_inputs, {}, source, keepable)

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import replace
 
 import onnx
 from onnx import ModelProto, NodeProto, helper
 
 from rlx_onnx_amp.errors import first_line
 from rlx_onnx_amp.passes import Pass, PassResult
-from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, precision_of_elem_type
+from rlx_onnx_amp.precision import F32, FLOAT_TYPES, LOW_TYPES, is_float, precision_of_elem_type
 from rlx_onnx_amp.ranges import scoped_name
-from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.rewrite.context import default_opset_for
-from rlx_onnx_amp.rewrite.plan import F32, Conversion, NodeDecision, Plan, Scope, Stage, is_float
-from rlx_onnx_amp.rewrite.summary import fill_report
+from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Plan, Scope, Stage
 from rlx_onnx_amp.rewrite.weights import Retyper
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, TYPE_ATTRIBUTES, TYPED_TENSOR_ATTRIBUTES
 from rlx_onnx_amp.tensors import is_external
@@ -34,10 +31,9 @@ class EmitPass(Pass[Plan]):
     """Sweep 3: the model rewritten: Casts inserted, values, attributes and weights retyped.
 
     Requires stored types. Ensures a model onnx's full checker accepts (when its weights are
-    inline), non-float values and weights at their old types, and idempotence: converting the
-    result again under the same policy and options changes nothing (except with node-path
-    keeps, whose paths are the input's). `modified` is the report's `changed`, or weights moved
-    into the sink's file."""
+    inline) and non-float values and weights at their old types (the pipeline's own promise,
+    idempotence, is checked where the pipeline runs: `convert.check_idempotent`). `modified` is
+    the report's `changed`, or weights moved into the sink's file."""
 
     name, needs_stage, gives_stage = "emit", Stage.STORED, Stage.EMITTED
 
@@ -64,30 +60,12 @@ class EmitPass(Pass[Plan]):
                 onnx.checker.check_model(model, full_check=True)
             except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
                 self.fail(f"the result fails onnx's checker: {first_line(e)}")
-        options = self.cx.options
-        if not options.keep_f32_paths:
-            from rlx_onnx_amp.rewrite.convert import convert_model  # it builds this pass
-
-
-            again, report = ModelProto(), ConversionReport()
-            again.CopyFrom(model)
-            convert_model(
-                again, self.cx.policy, replace(options, cost=False, check_contracts=False), report=report, weights=False
-            )
-            if report.changed:
-                self.fail(
-                    f"converting the result again changes it ({report.casts_inserted} Casts inserted, "
-                    f"{report.casts_removed} removed)"
-                )
 
     def emit_model(self, main: Scope) -> bool:
-        """Sweep 3 over the whole model, and the report (`rewrite_model` fills it later); whether
-        the model's protobuf changed."""
+        """Sweep 3 over the whole model; whether the model's protobuf changed."""
         self.emit_scope(main)
         if self.cx.casts_inserted:
             self._ensure_default_opset()
-        if self.cx.report_at_emit:
-            fill_report(self.cx, main)
         return self.cx.changed or self.cx.relocated
 
     def resolve(self, scope: Scope, name: str, want: int | None, position: int) -> str:

@@ -8,13 +8,12 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+from onnx import GraphProto, ModelProto, NodeProto
 
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
+from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.ranges import NumericFacts, ValueRange
-from rlx_onnx_amp.reports.conversion import ConversionReport
 from rlx_onnx_amp.taxonomy import QDQ_CONSUMERS, QDQ_PRODUCERS, OpKind, canonical_domain
 from rlx_onnx_amp.tensors import ClampStats, WeightSink, WeightSource
 from rlx_onnx_amp.types import FreshNames, NodeFields, initializer_rows, opset_versions
@@ -22,15 +21,6 @@ from rlx_onnx_amp.types import FreshNames, NodeFields, initializer_rows, opset_v
 __all__ = ["Conversion", "ConvertOptions", "NodeDecision", "Plan", "Scope", "Stage"]
 
 logger = logging.getLogger(__name__)
-
-F32 = TensorProto.FLOAT
-TYPE_STR = {info.elem_type: info.type_str for info in PRECISIONS.values()}
-TYPE_NAME = {info.elem_type: info.onnx_name for info in PRECISIONS.values()}
-
-
-def is_float(elem: int | None) -> bool:
-    return elem in FLOAT_TYPES
-
 
 
 @dataclass(frozen=True)
@@ -48,7 +38,7 @@ class ConvertOptions:
     #: Concrete input shapes for the cost model (`--shape`); symbolic axes not named here get
     #: the verifier's defaults.
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    #: Fill `ConversionReport.cost`: one shape inference over the graph (about 2.5 s per
+    #: Fill the conversion record's `cost`: one shape inference over the graph (about 2.5 s per
     #: 100,000 nodes); the CLI turns it off when nothing would show it (-q and no report file).
     cost: bool = True
     #: Check every pass's contract (`rlx_onnx_amp.passes`): onnx's full checker on the result
@@ -219,7 +209,6 @@ class Conversion:
         options: ConvertOptions,
         source: WeightSource,
         sink: WeightSink,
-        report: ConversionReport,
         weights: bool = True,
         progress: Callable[[int], None] | None = None,
         fields: NodeFields | None = None,
@@ -233,7 +222,6 @@ class Conversion:
         self.options = options
         self.source = source
         self.sink = sink
-        self.report = report
         self.opsets = opset_versions(model)
         self.fresh = FreshNames()
         self.casts_inserted = 0
@@ -243,9 +231,9 @@ class Conversion:
         self.saturated = 0  # f32 sources clamped to the low range (the store pass)
         self.relocated = False  # unconverted weights moved into the sink's file
         self.clamped: dict[str, ClampStats] = {}
+        self.initializer_bytes_before = 0  # float initializers' bytes, as read and as written
+        self.initializer_bytes_after = 0
         self.numeric = NumericFacts(model, source, self.fields)
-        #: Whether the emit pass fills the report (`rewrite_model` fills it after the model is saved).
-        self.report_at_emit = True
 
     @property
     def changed(self) -> bool:

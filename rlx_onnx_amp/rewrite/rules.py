@@ -17,9 +17,8 @@ from onnx import NodeProto
 
 from rlx_onnx_amp.kernels import Target, kernel_block
 from rlx_onnx_amp.policy import Policy
-from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.precision import F32, TYPE_NAME, TYPE_STR, Precision
 from rlx_onnx_amp.ranges import INTEGER_ACCUMULATORS, RUNTIME_SCALES, ValueRange, scoped_name
-from rlx_onnx_amp.rewrite.plan import F32, TYPE_NAME, TYPE_STR
 from rlx_onnx_amp.schema import OpSignature, TypeGroup
 from rlx_onnx_amp.taxonomy import (
     ATTRIBUTE_TYPED_VARS,
@@ -30,6 +29,7 @@ from rlx_onnx_amp.taxonomy import (
     TYPE_ATTRIBUTES,
     OpKind,
     canonical_domain,
+    kind_of,
 )
 from rlx_onnx_amp.types import NON_TENSOR
 
@@ -43,6 +43,7 @@ __all__ = [
     "VARIABLE_RULES",
     "Effect",
     "GroupFacts",
+    "Keep",
     "KeepRule",
     "Lowering",
     "NodeFacts",
@@ -99,14 +100,35 @@ class Effect(enum.Enum):
     KEEPS = "keeps"  # keeps its types although the policy wanted it lower: reported in kept_f32
 
 
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """A rule's verdict that it applies to a node, with its reason; one whose check fails
+    returns None. A verdict without a reason is an error, never a silent "no" (as an empty
+    string was when rules returned `str | None`): onnxscript's `MatchResult` draws the same line."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason:
+            raise ValueError("a keep says why: empty reason")
+
+    @classmethod
+    def of(cls, reason: str | None) -> Keep | None:
+        """The verdict of a helper that answers a reason or None (`kernels.kernel_block`)."""
+        return None if reason is None else cls(reason)
+
+
 @dataclass(frozen=True)
 class KeepRule:
-    """One reason a node does not run at its kind's precision: `check` returns the reason, or None."""
+    """One reason a node does not run at its kind's precision: `check` returns its `Keep`, or
+    None. A per-node rule's `active` says whether it can fire on a conversion at all (checked
+    once per model; where it cannot, it costs nothing per node)."""
 
     code: str  # stable for reports, repair and tests, whatever the reason's wording
-    check: Callable[[RuleContext, NodeFacts], str | None]
+    check: Callable[[RuleContext, NodeFacts], Keep | None]
     effect: Effect = Effect.KEEPS
     per_node: bool = False  # reads the node's name, path or values: applied over the template cache
+    active: Callable[[RuleContext], bool] | None = field(default=None, kw_only=True)
     summary: str = field(kw_only=True)  # what the code means, for reports and docs/design.md
 
 
@@ -115,6 +137,13 @@ class NumericView(Protocol):
 
     @property
     def quantized_at_run_time(self) -> frozenset[str]: ...
+
+    @property
+    def has_accumulators(self) -> bool: ...  # MatMulInteger/ConvInteger outputs (rule dequantize-arithmetic)
+
+    def dequantized(self) -> Mapping[str, frozenset[tuple[str, str]]]: ...  # rule dequantize-follows-consumer
+
+    def any_past_range(self, precision: Precision) -> bool: ...
 
     def past_range(self, key: str, precision: Precision) -> float | None: ...
 
@@ -141,6 +170,12 @@ class RuleContext(Protocol):
     @property
     def value_ranges(self) -> Mapping[str, ValueRange]: ...  # ConvertOptions.value_ranges
 
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def has_user_keeps(self) -> bool: ...  # --keep-f32-op, --keep-f32-node or node paths given
+
     def opset(self, domain: str) -> int: ...
 
     def user_keep(self, node: NodeProto, path: str) -> str | None: ...
@@ -150,84 +185,86 @@ class RuleContext(Protocol):
     def lowering(self, f: NodeFacts) -> Lowering: ...
 
 
-def _source(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _source(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """Constant and ConstantOfShape take the precision their readers want."""
-    return "source" if f.op in SOURCE_VALUE_ATTRIBUTES and f.domain in DEFAULT_DOMAINS else None
+    return Keep("source") if f.op in SOURCE_VALUE_ATTRIBUTES and f.domain in DEFAULT_DOMAINS else None
 
 
-def _fixed_type(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _fixed_type(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """Cast, CastLike and BitCast keep the type they make; readers at another get a Cast after."""
-    return "keeps its `to`" if f.op in FIXED_TYPE_OPS else None
+    return Keep("keeps its `to`") if f.op in FIXED_TYPE_OPS else None
 
 
-def _non_tensor(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _non_tensor(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """Sequence and optional values keep their types."""
     holds = NON_TENSOR in f.in_types or NON_TENSOR in f.out_types
-    return "sequence/optional values keep their types" if holds else None
+    return Keep("sequence/optional values keep their types") if holds else None
 
 
-def _control_flow(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _control_flow(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """If/Loop/Scan keep their interface types; their bodies are rewritten."""
-    return "control-flow: interface keeps its types, bodies are rewritten" if f.has_subgraph else None
+    return Keep("control-flow: interface keeps its types, bodies are rewritten") if f.has_subgraph else None
 
 
-def _unknown_op(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _unknown_op(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """An op the taxonomy lacks keeps its types."""
-    return f"unknown op {f.node.domain + '.' if f.node.domain else ''}{f.node.op_type}" if f.kind is None else None
+    if f.kind is not None:
+        return None
+    return Keep(f"unknown op {f.node.domain + '.' if f.node.domain else ''}{f.node.op_type}")
 
 
-def _policy_f32(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _policy_f32(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """The policy runs the node's kind at f32; the rules below see only nodes it lowers."""
-    return f"policy: {f.kind} runs at f32" if f.target is Precision.F32 else None
+    return Keep(f"policy: {f.kind} runs at f32") if f.target is Precision.F32 else None
 
 
-def _user_keep_rule(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _user_keep_rule(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """--keep-f32-op, --keep-f32-node and node paths (repair's keeps)."""
-    return ctx.user_keep(f.node, f.path)
+    return Keep.of(ctx.user_keep(f.node, f.path))
 
 
-def _cast_unavailable(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _cast_unavailable(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """The Casts around the node cannot be written at the model's default-domain opset."""
     assert f.target is not None
-    return ctx.cast_block(f.target)
+    return Keep.of(ctx.cast_block(f.target))
 
 
-def _kernel_gap_rule(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _kernel_gap_rule(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """onnxruntime has a known gap its registry cannot show (`KERNEL_GAPS`)."""
     gap = kernel_gap(f.node) if (canonical_domain(f.domain), f.op) in KERNEL_GAPS else None
-    return f"kernel: {gap}" if gap else None
+    return Keep(f"kernel: {gap}") if gap else None
 
 
-def _qdq_region(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _qdq_region(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """A node between DequantizeLinear and QuantizeLinear runs quantized."""
     assert f.scope is not None
     if f.scope.in_qdq_region(f.ins, f.outs):
-        return "qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)"
+        return Keep("qdq: reads DequantizeLinear or feeds QuantizeLinear (onnxruntime runs it quantized)")
     return None
 
 
-def _no_schema(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _no_schema(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """No schema for the op at the model's opset: nothing says what it admits."""
-    return f"no schema for {f.op} at opset {ctx.opset(f.domain)}" if f.sig is None else None
+    return Keep(f"no schema for {f.op} at opset {ctx.opset(f.domain)}") if f.sig is None else None
 
 
-def _schema_admits(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _schema_admits(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """Rule type-variable keeps every float variable, so nothing is lowered."""
     assert f.sig is not None and f.target is not None
     lowering = ctx.lowering(f)
     if lowering.lowers or not lowering.not_admitted:
         return None
     variables = ", ".join(lowering.not_admitted)
-    return f"schema: {f.op}-{f.sig.since_version} does not admit {f.target.value} for {variables}"
+    return Keep(f"schema: {f.op}-{f.sig.since_version} does not admit {f.target.value} for {variables}")
 
 
-def _kernel_table(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _kernel_table(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """The target has no kernel for the lowered combination of types (`kernels.kernel_block`)."""
     assert f.sig is not None and f.target is not None
     lowering = ctx.lowering(f)
     if not lowering.lowers:
         return None
-    return kernel_block(
+    return Keep.of(kernel_block(
         ctx.provider,
         f.target,
         canonical_domain(f.domain),
@@ -236,15 +273,15 @@ def _kernel_table(ctx: RuleContext, f: NodeFacts) -> str | None:
         lowering.variables,
         lowering.others,
         f.op in TYPE_ATTRIBUTES and f.domain in DEFAULT_DOMAINS,
-    )
+    ))
 
 
-def _nothing_to_lower(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _nothing_to_lower(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """No type variable holds f32 values to lower (integers, bool, or values already low)."""
-    return None if ctx.lowering(f).lowers else "nothing to lower"
+    return None if ctx.lowering(f).lowers else Keep("nothing to lower")
 
 
-def _dequantize_arithmetic(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _dequantize_arithmetic(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """It dequantizes an integer accumulator or a run-time scale, or makes what DynamicQuantizeLinear quantizes."""
     # MatMulInteger's and ConvInteger's int32 sums of 8-bit products reach 1e5 and more: the f32
     # arithmetic around a dynamically quantized op belongs to the quantized region, as QDQ's
@@ -254,22 +291,42 @@ def _dequantize_arithmetic(ctx: RuleContext, f: NodeFacts) -> str | None:
     quantized = ctx.numeric.quantized_at_run_time
     for name in f.outs:
         if scoped_name(f.scope.path, name) in quantized:
-            return f"dequantize: makes {name!r}, which DynamicQuantizeLinear quantizes (rounding it moves the bins)"
+            return Keep(
+                f"dequantize: makes {name!r}, which DynamicQuantizeLinear quantizes (rounding it moves the bins)"
+            )
     for name in f.ins:
         owner = f.scope.owner(name) if name else None
         producer = owner.producer.get(name) if owner is not None else None
         if producer is None or producer.domain not in DEFAULT_DOMAINS:
             continue
         if producer.op in RUNTIME_SCALES and producer.outputs.index(name) == RUNTIME_SCALES[producer.op]:
-            return f"dequantize: reads {producer.op}'s run-time scale {name!r}"
+            return Keep(f"dequantize: reads {producer.op}'s run-time scale {name!r}")
         if producer.op == "Cast" and producer.inputs and producer.inputs[0]:
             inner = owner.producer.get(producer.inputs[0]) if owner is not None else None
             if inner is not None and (canonical_domain(inner.domain), inner.op) in INTEGER_ACCUMULATORS:
-                return f"dequantize: reads the f32 Cast of {inner.op}'s integer accumulator {producer.inputs[0]!r}"
+                accumulator = producer.inputs[0]
+                return Keep(f"dequantize: reads the f32 Cast of {inner.op}'s integer accumulator {accumulator!r}")
     return None
 
 
-def _weight_range(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _dequantize_follows_consumer(ctx: RuleContext, f: NodeFacts) -> Keep | None:
+    """It dequantizes a weight for Compute nodes the policy runs at f32."""
+    assert f.scope is not None
+    dequantized = ctx.numeric.dequantized()
+    consumers: set[tuple[str, str]] = set()
+    for name in f.outs:
+        feeds = dequantized.get(scoped_name(f.scope.path, name)) if name else None
+        if feeds is None:
+            return None
+        consumers |= feeds
+    kinds = {kind_of(*c) for c in consumers}
+    if not kinds or any(k is None or ctx.policy.precision_for(k) is not Precision.F32 for k in kinds):
+        return None
+    ops = ", ".join(sorted({op for _, op in consumers}))
+    return Keep(f"dequantize: follows its consumer ({ops}), which the policy runs at f32")
+
+
+def _weight_range(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """It reads a weight past its precision's range that is no mask sentinel (`ranges.NumericFacts.is_sentinel`)."""
     # Clamping a 1e7 running variance to 65504 would rescale what the node computes; clamping an
     # additive -1e9 attention mask changes nothing a Softmax gives.
@@ -279,7 +336,7 @@ def _weight_range(ctx: RuleContext, f: NodeFacts) -> str | None:
         key = value_key(f.scope, name) if name else ""
         worst = numeric.past_range(key, f.target) if name else None
         if worst is not None and not numeric.is_sentinel(key, f.target):
-            return f"weight: {name!r} holds {worst:.4g}, past {f.target.value}'s {f.target.info.max_finite:g}"
+            return Keep(f"weight: {name!r} holds {worst:.4g}, past {f.target.value}'s {f.target.info.max_finite:g}")
     return None
 
 
@@ -294,7 +351,7 @@ def value_key(scope: Scope, name: str) -> str:
     return scoped_name(owner.path if owner is not None else "", name)
 
 
-def _range_screen(ctx: RuleContext, f: NodeFacts) -> str | None:
+def _range_screen(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """On the reference run it makes or reads values past its precision's range, or flushing where zero is singular."""
     # `ConvertOptions.value_ranges`, from one f32 run (`verification.reference`); values computed
     # from a clamped mask sentinel are not screened: the candidate holds them clamped.
@@ -307,18 +364,22 @@ def _range_screen(ctx: RuleContext, f: NodeFacts) -> str | None:
         if seen is None or numeric.tainted(key, target):
             continue
         if seen.overflows(target):
-            return f"screen: reads {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
+            return Keep(f"screen: reads {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)")
         if k in singular and seen.flushes(target):
-            return f"screen: reads {name!r} where zero is singular, and its values flush to zero in {target.value}"
+            return Keep(
+                f"screen: reads {name!r} where zero is singular, and its values flush to zero in {target.value}"
+            )
     for name in f.outs:
         key = scoped_name(f.scope.path, name)
         seen = ranges.get(key) if name else None
         if seen is None or numeric.tainted(key, target):
             continue
         if seen.overflows(target):
-            return f"screen: makes {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)"
+            return Keep(f"screen: makes {name!r}, which reaches {seen.max_abs:.4g} (past {target.value}'s range)")
         if key in numeric.singular_reads() and seen.flushes(target):
-            return f"screen: makes {name!r}, read where zero is singular; its values flush to zero in {target.value}"
+            return Keep(
+                f"screen: makes {name!r}, read where zero is singular; its values flush to zero in {target.value}"
+            )
     return None
 
 
@@ -338,7 +399,7 @@ KEEP_RULES: tuple[KeepRule, ...] = (
              summary="an op the taxonomy does not know"),
     KeepRule("policy-f32", _policy_f32, Effect.KEEPS_SILENTLY,
              summary="the policy runs its kind at f32"),
-    KeepRule("user-keep", _user_keep_rule, per_node=True,
+    KeepRule("user-keep", _user_keep_rule, per_node=True, active=lambda ctx: ctx.has_user_keeps,
              summary="kept on request: --keep-f32-op, --keep-f32-node, or a node path (repair's keeps)"),
     KeepRule("cast-unavailable", _cast_unavailable,
              summary="the Casts around it cannot be written at the model's default-domain opset"),
@@ -356,16 +417,21 @@ KEEP_RULES: tuple[KeepRule, ...] = (
              summary="none of its type variables holds f32 values (integers, bool, or values already low)"),
     # What the values say, for nodes the rules above lower: the node's inputs and producers.
     KeepRule("dequantize-arithmetic", _dequantize_arithmetic, per_node=True,
+             active=lambda ctx: ctx.numeric.has_accumulators,
              summary="dequantizes an integer accumulator (MatMulInteger/ConvInteger) or a run-time scale"),
+    KeepRule("dequantize-follows-consumer", _dequantize_follows_consumer, per_node=True,
+             active=lambda ctx: bool(ctx.numeric.dequantized()),
+             summary="dequantizes a weight for Compute nodes the policy runs at f32: lowered, it would only add Casts"),
     KeepRule("weight-range", _weight_range, per_node=True,
+             active=lambda ctx: any(ctx.numeric.any_past_range(p) for p in low_precisions(ctx.policy)),
              summary="reads a weight past the low type's range that is no mask sentinel (clamping would rescale it)"),
-    KeepRule("range-screen", _range_screen, per_node=True,
+    KeepRule("range-screen", _range_screen, per_node=True, active=lambda ctx: bool(ctx.value_ranges),
              summary="on the reference inputs, it makes or reads values the low type cannot hold"),
 )
 RULES_BY_CODE = {r.code: r for r in KEEP_RULES}
 #: Each rule's code and what it means, in precedence order. `kept_f32[].code` holds those that
 #: keep a node the policy wanted lower; the others (a source, a Cast, the policy's own f32,
-#: nothing to lower) are silent, and only `ConversionReport.why_not_keepable` names them.
+#: nothing to lower) are silent, and only `rewrite.why_not_keepable` names them.
 REASON_CODES: dict[str, str] = {r.code: r.summary for r in KEEP_RULES}
 RULE_ORDER = {rule.code: i for i, rule in enumerate(KEEP_RULES)}
 #: The rules `decide.DecidePass._outcome` applies; the per-node ones are applied over the template cache.

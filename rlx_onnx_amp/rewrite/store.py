@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.passes import Pass, PassResult
-from rlx_onnx_amp.precision import FLOAT_TYPES, LOW_TYPES, precision_of_elem_type
-from rlx_onnx_amp.rewrite.plan import F32, TYPE_STR, Conversion, NodeDecision, Plan, Scope, Stage
+from rlx_onnx_amp.precision import F32, FLOAT_TYPES, LOW_TYPES, TYPE_STR, precision_of_elem_type
+from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Plan, Scope, Stage
 from rlx_onnx_amp.schema import signature
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES
 from rlx_onnx_amp.tensors import ClampStats

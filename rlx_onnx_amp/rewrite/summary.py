@@ -1,24 +1,30 @@
-"""What the emit pass tells the conversion report: each node's precision and rule, the kept nodes, the counts."""
+"""What a conversion did, summarized once its passes ran: the `Conversion` record (each node's
+precision and rule, the kept nodes, the counts) and its `NodeIndex` for repair."""
 
 from __future__ import annotations
 
 import collections
 
+from rlx_onnx_amp.cost import Cost
 from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
-from rlx_onnx_amp.reports.conversion import KeptNode
+from rlx_onnx_amp.reports.record import ByteCounts, KeptNode, NodeIndex, Nodes
+from rlx_onnx_amp.reports.record import Conversion as ConversionRecord
 from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Scope
+from rlx_onnx_amp.rewrite.rules import REASON_CODES
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, OpKind
 
-__all__ = ["fill_report"]
+__all__ = ["summarize", "why_not_keepable"]
 
 
-def fill_report(cx: Conversion, main: Scope) -> None:
-    """Fill `cx.report` from the decisions of every scope, in node order (each body right after
-    the node that holds it)."""
-    report = cx.report
-    unknown: list[str] = []
+def summarize(cx: Conversion, main: Scope, cost: Cost | None = None) -> ConversionRecord:
+    """The record of a conversion whose passes ran, from the decisions of every scope in node
+    order (each body right after the node that holds it). Its `model`, `output`, `data_files`
+    and `proof` are the file layer's to fill (`dataclasses.replace`)."""
     tally: collections.Counter[tuple[OpKind | None, str, str, str | None]] = collections.Counter()
-    decisions, kept, keepable, rules = report.decisions, report.kept_f32, report.keepable, report.rules
+    decisions: dict[str, str] = {}
+    keepable: dict[str, tuple[str, str]] = {}
+    rules: dict[str, str] = {}
+    kept: list[KeptNode] = []
     value_of = {p: p.value for p in Precision}  # an Enum's .value is a descriptor call: once per member
 
     def walk(scope: Scope) -> None:  # node by node, each body right after the node that holds it
@@ -38,16 +44,57 @@ def fill_report(cx: Conversion, main: Scope) -> None:
                     walk(child)
 
     walk(main)
+    total = 0
+    by_precision: dict[str, int] = {**{p.value: 0 for p in Precision}, "none": 0}
+    by_kind: dict[str, dict[str, int]] = {}
+    by_op: dict[str, dict[str, int]] = {}
+    unknown: set[str] = set()
     for (kind, domain, op_type, prec), count in tally.items():
         op = (f"{domain}." if domain not in DEFAULT_DOMAINS else "") + op_type
-        report.count_node(kind, op, prec, count)
+        key = prec or "none"
+        per_op = by_op.setdefault(op, {})
+        per_op[key] = per_op.get(key, 0) + count
+        total += count
+        by_precision[key] = by_precision.get(key, 0) + count
+        per_kind = by_kind.setdefault(kind.value if kind else "unknown", {})
+        per_kind[key] = per_kind.get(key, 0) + count
         if kind is None:
-            unknown.append(op)
-    report.casts_inserted = cx.casts_inserted
-    report.casts_removed = cx.casts_removed
-    report.changed = cx.changed
-    report.clamped = {k: v.to_json() for k, v in cx.clamped.items()}
-    report.unknown_ops = sorted(set(unknown))
+            unknown.add(op)
+    counts = collections.Counter(rules.values())
+    return ConversionRecord(
+        model="",
+        output="",
+        policy=cx.policy,
+        target=cx.options.target.value,
+        nodes=Nodes(total, by_precision),
+        by_kind=by_kind,
+        by_op=by_op,
+        casts_inserted=cx.casts_inserted,
+        casts_removed=cx.casts_removed,
+        changed=cx.changed,
+        kept_f32=tuple(kept),
+        # How many nodes each of the rules decided, in the order of the rules; lowered nodes are not counted.
+        by_rule={code: counts[code] for code in REASON_CODES if counts[code]},
+        clamped={k: v.to_json() for k, v in cx.clamped.items()},
+        initializer_bytes=ByteCounts(cx.initializer_bytes_before, cx.initializer_bytes_after),
+        unknown_ops=tuple(sorted(unknown)),
+        data_files=(),
+        cost=cost,
+        index=NodeIndex(decisions, rules, keepable),
+    )
+
+
+def why_not_keepable(index: NodeIndex, path: str) -> str | None:
+    """None when a keep of node `path` changes the conversion; else why it cannot: the
+    deciding rule of the node, from the converter's list of rules."""
+    if path in index.keepable:
+        return None
+    if path not in index.decisions:
+        return "no such node"
+    code = index.rules.get(path)
+    if code is None:
+        return "it already keeps its original types"
+    return f"rule {code}: {REASON_CODES[code]}"
 
 
 def _reported_precision(d: NodeDecision, scope: Scope) -> str | None:

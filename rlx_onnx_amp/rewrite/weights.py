@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 from onnx import NodeProto, TensorProto, helper
 
-from rlx_onnx_amp.precision import Precision, precision_of_elem_type
-from rlx_onnx_amp.rewrite.plan import F32, Conversion, NodeDecision, Scope, is_float
+from rlx_onnx_amp.precision import F32, Precision, is_float, precision_of_elem_type
+from rlx_onnx_amp.rewrite.plan import Conversion, NodeDecision, Scope
 from rlx_onnx_amp.taxonomy import SOURCE_VALUE_ATTRIBUTES, TYPE_ATTRIBUTES, TYPED_TENSOR_ATTRIBUTES
 from rlx_onnx_amp.tensors import SMALL_TENSOR_ELEMENTS, NarrowBatch, is_external, narrow, tensor_nbytes
 
@@ -134,7 +134,7 @@ class Retyper:
     def convert_initializers(self, scope: Scope) -> None:
         for init in scope.graph.initializer:
             before = tensor_nbytes(init)
-            self.cx.report.initializer_bytes_before += before
+            self.cx.initializer_bytes_before += before
             target = scope.storage.get(init.name)
             # The precision it is narrowed to (storage types are float types), or None.
             precision = precision_of_elem_type(target) if target is not None and target != init.data_type else None
@@ -145,19 +145,19 @@ class Retyper:
             if not self.cx.weights:
                 if precision is not None:
                     init.data_type = precision.elem_type  # for the cost model only: a dry run's data stays as it was
-                self.cx.report.initializer_bytes_after += narrowed
+                self.cx.initializer_bytes_after += narrowed
                 continue
             if precision is None:
                 moved = is_external(init)
                 self.cx.sink.copy_through(init, self.cx.source)
                 self.cx.relocated = self.cx.relocated or moved or is_external(init)
-                self.cx.report.initializer_bytes_after += before
+                self.cx.initializer_bytes_after += before
             elif self.batching and self._batch(precision).add(init, init.name):
-                self.cx.report.initializer_bytes_after += narrowed
+                self.cx.initializer_bytes_after += narrowed
             else:
                 stats, written = self.cx.sink.store_narrowed(init, self.cx.source, precision)
                 self.cx.record_clamp(init.name, stats)
-                self.cx.report.initializer_bytes_after += written
+                self.cx.initializer_bytes_after += written
             if self.cx.progress is not None:
                 self.cx.progress(before)
 

@@ -1,4 +1,4 @@
-"""Drift verification with onnxruntime: one reference run judging candidates (`Verification`),
+"""Drift verification with onnxruntime: one reference run judging candidates (`Verifier`),
 its sessions and emulation, metrics, tolerances, inputs and localization.
 
 What parsing options needs (`VerifyOptions`, `InputSpec`, tolerances) loads with the package;
@@ -15,22 +15,20 @@ from rlx_onnx_amp.verification.options import PROVIDERS, VerifyOptions, resolve_
 from rlx_onnx_amp.verification.tolerance import Tolerance, Tolerances
 
 if TYPE_CHECKING:
-    from rlx_onnx_amp.verification.core import Judgement, Verification, VerifyReport, verify
-    from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
+    from rlx_onnx_amp.verification.core import Judgement, Verifier, verify
+    from rlx_onnx_amp.verification.metrics import compare_arrays
     from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 
 __all__ = [
     "PROVIDERS",
     "InputSpec",
     "Judgement",
-    "OutputDrift",
     "Reference",
     "ReferenceUnavailable",
     "Tolerance",
     "Tolerances",
-    "Verification",
+    "Verifier",
     "VerifyOptions",
-    "VerifyReport",
     "compare_arrays",
     "prepare_reference",
     "resolve_provider",
@@ -40,10 +38,8 @@ __all__ = [
 #: The names loaded on first use, by the module that defines them.
 _LAZY = {
     "Judgement": "core",
-    "Verification": "core",
-    "VerifyReport": "core",
+    "Verifier": "core",
     "verify": "core",
-    "OutputDrift": "metrics",
     "compare_arrays": "metrics",
     "Reference": "reference",
     "ReferenceUnavailable": "reference",

@@ -1,4 +1,4 @@
-"""Sessions and what a candidate is compared as, for the verification (`core.Verification`).
+"""Sessions and what a candidate is compared as, for the verification (`core.Verifier`).
 
 Sessions on a reference and on a candidate, or on the candidate's emulation when the provider
 cannot run its precision faithfully (`open_compared`); feeds rounded as the candidate holds
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ __all__ = [
     "Session",
     "VerifyOptions",
     "emulation_reason",
+    "measure_latency",
     "open_compared",
     "resolve_provider",
     "run_each",
@@ -92,6 +95,29 @@ class Session:
         except Exception as e:
             raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({first_line(e, 400)})") from None
         return dict(zip(names, values))
+
+
+def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str) -> float:
+    """Median milliseconds per inference of the model file at `path` on `provider` over `runs`
+    warm runs (one untimed run first), with onnxruntime's default session options (graph
+    optimizations and prepacking on, as a user's session has them), unlike `Session`."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.intra_op_num_threads = session_thread_count()
+    providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+    try:
+        session = ort.InferenceSession(str(path), opts, providers=providers)
+        inputs = {i.name: i.type for i in session.get_inputs()}
+        typed = {k: _as_input_type(v, inputs[k]) for k, v in feeds.items() if k in inputs}
+        session.run(None, typed)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            session.run(None, typed)
+            times.append(time.perf_counter() - start)
+    except Exception as e:
+        raise ModelRunError(f"{label}: onnxruntime cannot time it on {provider} ({first_line(e, 200)})") from None
+    return round(statistics.median(times) * 1000, 4)
 
 
 def _map_file(path: Path) -> np.ndarray:

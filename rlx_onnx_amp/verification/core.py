@@ -1,6 +1,6 @@
 """Verification: one reference, run once on the verification's inputs, judges candidates.
 
-`Verification` holds a prepared reference (`reference.prepare_reference`: its outputs on every
+`Verifier` holds a prepared reference (`reference.prepare_reference`: its outputs on every
 input set, with the range screen when asked) and a scratch directory, and judges candidates
 against it: each one's sessions (`compare.open_compared`, emulated where the provider cannot
 run its precision), its outputs on the same inputs, and each output's drift against the
@@ -12,78 +12,36 @@ command, `--verify`), repair's evaluations and its final proof all go through it
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model
-from rlx_onnx_amp.errors import InputError
+from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
-from rlx_onnx_amp.verification.compare import Compared, Progress, Scratch, VerifyOptions, open_compared, run_each
+from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TracePoint, Verification
+from rlx_onnx_amp.verification.compare import (
+    Compared,
+    Progress,
+    Scratch,
+    VerifyOptions,
+    measure_latency,
+    open_compared,
+    run_each,
+)
 from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
-from rlx_onnx_amp.verification.metrics import OutputDrift, compare_arrays
+from rlx_onnx_amp.verification.metrics import compare_arrays
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
-from rlx_onnx_amp.verification.tolerance import Tolerances
 
-__all__ = ["Judgement", "Verification", "VerifyReport", "verify"]
+__all__ = ["Judgement", "Verifier", "verify"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class VerifyReport:
-    reference: str
-    candidate: str
-    provider: str
-    providers_used: list[str]
-    emulated: bool
-    emulation_reason: str | None
-    candidate_loaded: bool
-    precision: str
-    tolerance: Tolerances  # resolved for `precision`: every global value set
-    seed: int
-    samples: int
-    inputs: dict[str, list[int]]
-    outputs: list[OutputDrift]
-    localized: list[dict[str, Any]] | None = None
-    #: With --localize: every compared tensor in graph order with its relative error (see `localize`).
-    localize_trace: list[dict[str, Any]] | None = None
-
-    @property
-    def criterion(self) -> str:
-        """The checks every output was judged by, in words."""
-        return self.tolerance.criterion
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.outputs) and all(o.passed for o in self.outputs)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "provider": self.provider,
-            "providers_used": self.providers_used,
-            "emulated": self.emulated,
-            "emulation_reason": self.emulation_reason,
-            "candidate_loaded": self.candidate_loaded,
-            "precision": self.precision,
-            "criterion": self.criterion,
-            **self.tolerance.to_json(),
-            "seed": self.seed,
-            "samples": self.samples,
-            "inputs": self.inputs,
-            "passed": self.passed,
-            "outputs": [o.to_json() for o in self.outputs],
-            "localized": self.localized,
-            "localize_trace": self.localize_trace,
-        }
 
 
 @dataclass
@@ -92,7 +50,7 @@ class Judgement:
     failing outputs first."""
 
     compared: Compared  # its session released
-    drifts: list[OutputDrift]
+    drifts: list[OutputResult]
 
     @property
     def passed(self) -> bool:
@@ -100,11 +58,12 @@ class Judgement:
 
     @property
     def score(self) -> float:
-        """The worst output's `OutputDrift.score`: how far from passing."""
-        return max((d.score for d in self.drifts), default=0.0)
+        """The worst output's `OutputResult.score`: how far from passing (a score past the
+        float range, None in the record, is the worst)."""
+        return max((d.score if d.score is not None else math.inf for d in self.drifts), default=0.0)
 
 
-class Verification:
+class Verifier:
     """A reference run once, judging candidates within one scratch directory (removed on exit).
 
     `judge` runs a candidate (a model in memory, or a file) on the reference's input sets and
@@ -128,16 +87,17 @@ class Verification:
         screen: bool = False,
         progress: Progress | None = None,
         scratch_prefix: str = "rlx-amp-verify-",
-    ) -> Verification:
+        screened_sets: int | None = None,
+    ) -> Verifier:
         """The verification of candidates against the model at `path`, its reference run made
         (`prepare_reference`); a reference that cannot run is its error (exit 2 or 3)."""
         try:
-            reference = prepare_reference(path, options, screen=screen, progress=progress)
+            reference = prepare_reference(path, options, screen=screen, progress=progress, screened_sets=screened_sets)
         except ReferenceUnavailable as e:
             raise e.error from None
         return cls(reference, options, scratch_prefix)
 
-    def __enter__(self) -> Verification:
+    def __enter__(self) -> Verifier:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -168,8 +128,8 @@ class Verification:
         return Judgement(compared, drifts)
 
     def localize(
-        self, judgement: Judgement, top: int, trace: list[dict[str, Any]] | None = None
-    ) -> list[dict[str, Any]]:
+        self, judgement: Judgement, top: int, trace: list[TracePoint] | None = None
+    ) -> list[Localized]:
         """The first `top` nodes where a judged candidate's drift starts (see `localize.localize`),
         on the first input set."""
         ref = self.reference
@@ -193,7 +153,7 @@ class Verification:
         label: str | None = None,
         outputs: OutputSet | None = None,
         progress: Progress | None = None,
-    ) -> VerifyReport:
+    ) -> Verification:
         """The report on the candidate file at `path` (`model`: it loaded without its external
         data, when the caller has it), localized with `--localize`. `label` names it in the
         report (a staged model is verified before it is moved to its final path).
@@ -208,28 +168,50 @@ class Verification:
             self._save_inputs(options.save_inputs, cand_path, outputs)
         judgement = self.judge(cand_model, cand_path, label=cand_label, progress=progress)
         localized = None
-        trace: list[dict[str, Any]] | None = None
+        trace: list[TracePoint] | None = None
         if options.localize:
             trace = []
-            localized = self.localize(judgement, options.localize_top, trace)
+            localized = tuple(self.localize(judgement, options.localize_top, trace))
         compared = judgement.compared
-        return VerifyReport(
+        tolerance = options.tolerance.resolved(compared.precision)
+        latency = self._latency(cand_path, cand_label) if options.latency_runs else None
+        return Verification(
             reference=str(ref.path),
             candidate=cand_label,
             provider=ref.provider,
-            providers_used=ref.providers_used,
+            providers_used=tuple(ref.providers_used),
             emulated=compared.emulated,
             emulation_reason=compared.reason,
             candidate_loaded=compared.loaded,
             precision=compared.precision.value,
-            tolerance=options.tolerance.resolved(compared.precision),
+            criterion=tolerance.criterion,
+            atol=tolerance.table("atol"),  # type: ignore[arg-type]
+            rtol_of_max=tolerance.table("rtol_of_max"),  # type: ignore[arg-type]
+            rtol=tolerance.table("rtol"),
+            min_cosine=tolerance.table("min_cosine"),  # type: ignore[arg-type]
             seed=options.spec.seed,
             samples=len(ref.samples),
             inputs={k: list(v.shape) for k, v in ref.samples[0].items()},
-            outputs=judgement.drifts,
+            passed=judgement.passed,
+            outputs=tuple(judgement.drifts),
             localized=localized,
-            localize_trace=trace,
+            localize_trace=tuple(trace) if trace is not None else None,
+            latency=latency,
         )
+
+    def _latency(self, cand_path: Path, cand_label: str) -> Latency:
+        """The reference's and the candidate file's time per inference here, on the first input
+        set: what the conversion buys (or costs) on this provider."""
+        ref, runs = self.reference, self.options.latency_runs
+        times: list[float | None] = []
+        notes = []
+        for path, label in ((ref.path, str(ref.path)), (cand_path, cand_label)):
+            try:
+                times.append(measure_latency(path, ref.provider, ref.samples[0], runs, label))
+            except ModelRunError as e:
+                times.append(None)
+                notes.append(str(e))
+        return Latency(ref.provider, runs, times[0], times[1], "; ".join(notes) or None)
 
     def _save_inputs(self, target: str, cand_path: Path, outputs: OutputSet | None) -> None:
         samples = self.reference.samples
@@ -255,7 +237,7 @@ def verify(
     candidate_label: str | None = None,
     outputs: OutputSet | None = None,
     prepared: Reference | None = None,
-) -> VerifyReport:
+) -> Verification:
     """Compare `candidate` against `reference` on the same inputs (docs/verification.md).
 
     `candidate_label` names the candidate in the report (a staged model is verified before it
@@ -272,11 +254,11 @@ def verify(
         _check_interfaces(load_model(ref_path), cand_model, ref_path, Path(candidate_label or str(cand_path)))
         # One onnxruntime session at a time (the reference's outputs kept, its session
         # released, then the candidate's): verifying needs about one model's memory, not two.
-        verification = Verification.prepare(ref_path, options, progress=progress)
+        verifier = Verifier.prepare(ref_path, options, progress=progress)
     else:
-        verification = Verification(prepared, options)
-    with verification:
-        return verification.verify(cand_path, cand_model, label=candidate_label, outputs=outputs, progress=progress)
+        verifier = Verifier(prepared, options)
+    with verifier:
+        return verifier.verify(cand_path, cand_model, label=candidate_label, outputs=outputs, progress=progress)
 
 
 def _paired(

@@ -21,6 +21,7 @@ each tensor kept in a scratch file), and every candidate it localizes is compare
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.precision import FLOAT_TYPES, PRECISIONS, Precision
+from rlx_onnx_amp.reports.record import Localized, TracePoint
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS, SOURCE_VALUE_ATTRIBUTES, copies_values
 from rlx_onnx_amp.types import model_types
 from rlx_onnx_amp.verification.compare import Compared, Scratch
@@ -118,8 +120,8 @@ def localize(
     tmp: Scratch,
     tol: Tolerance,
     top: int,
-    trace: list[dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
+    trace: list[TracePoint] | None = None,
+) -> list[Localized]:
     """The first `top` nodes of the main graph, in graph order, where drift starts, from the
     candidate's run on `feeds` against the reference's values there (`reference_values` of
     `shared_values`). `trace`, if given, receives every compared tensor in graph order
@@ -140,17 +142,14 @@ def localize(
                 if out in errors:
                     e = errors[out]
                     rel = e["rel_error"]
-                    entry = {
-                        "tensor": out,
-                        "node": node.name or f"{node.op_type}@{index}",
-                        "op": node.op_type,
-                        "rel_error": rel if np.isfinite(rel) else None,
-                        "new_nonfinite": e["new_nonfinite"],
-                    }
-                    if "shapes" in e:
-                        entry["shapes"] = e["shapes"]
-                    trace.append(entry)
-    found: list[dict[str, Any]] = []
+                    shapes = tuple(tuple(int(d) for d in s) for s in e["shapes"]) if "shapes" in e else None
+                    trace.append(
+                        TracePoint(
+                            out, node.name or f"{node.op_type}@{index}", node.op_type,
+                            float(rel) if np.isfinite(rel) else None, int(e["new_nonfinite"]), shapes,
+                        )
+                    )
+    found: list[Localized] = []
     for index, node in enumerate(ref_model.graph.node):
         outs = [o for o in node.output if o in errors]
         if not outs or (node.op_type in SOURCE_VALUE_ATTRIBUTES and node.domain in DEFAULT_DOMAINS):
@@ -161,27 +160,21 @@ def localize(
         in_shapes_differ = any("shapes" in e for e in ins)
         for out in outs:
             e = errors[out]
-            entry = {
-                "node": node.name or f"{node.op_type}@{index}",
-                "op": node.op_type,
-                "path": str(index),
-                "tensor": out,
-                "rel_error": e["rel_error"],
-                "input_rel_error": in_rel,
-                "max_abs": e["max_abs"],
-                "new_nonfinite": e["new_nonfinite"],
-            }
+            entry = functools.partial(
+                Localized,
+                node.name or f"{node.op_type}@{index}",
+                node.op_type,
+                str(index),
+                out,
+                float(e["rel_error"]),
+                float(in_rel),
+                float(e["max_abs"]),
+                int(e["new_nonfinite"]),
+            )
             if "shapes" in e:
                 if not in_shapes_differ:
                     ref_shape, cand_shape = e["shapes"]
-                    found.append(
-                        {
-                            **entry,
-                            "reason": "shape differs",
-                            "reference_shape": ref_shape,
-                            "candidate_shape": cand_shape,
-                        }
-                    )
+                    found.append(entry("shape differs", tuple(ref_shape), tuple(cand_shape)))
                     break
                 continue
             nonfinite_appears = e["new_nonfinite"] > 0 and in_nonfinite == 0
@@ -190,7 +183,7 @@ def localize(
                 # A node that only copies values drifts because the candidate rounds its input.
                 copies = copies_values(node.domain, node.op_type)
                 reason = "NaN/Inf appears" if nonfinite_appears else "input rounded" if copies else "drift jumps"
-                found.append({**entry, "reason": reason})
+                found.append(entry(reason))
                 break
         if len(found) >= top:
             break

@@ -1,5 +1,6 @@
 """Drift metrics of one output, and the pass criterion (docs/verification.md, "Pass criterion"), judged
-against the output's `tolerance.Tolerance`.
+against the output's `tolerance.Tolerance`: `compare_arrays` measures into a working `_Drift`
+and returns the frozen `reports.record.OutputResult` the reports hold.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from rlx_onnx_amp.reports.record import Distribution, Histogram, OutputResult, Required, Sample, Worst
 from rlx_onnx_amp.verification.tolerance import Tolerance
 
-__all__ = ["CHECKS", "HISTOGRAM_BINS", "SAMPLE_SIZE", "OutputDrift", "compare_arrays"]
+__all__ = ["CHECKS", "HISTOGRAM_BINS", "SAMPLE_SIZE", "compare_arrays"]
 
 #: Bins of the |c - r| histogram, and elements sampled for the reference-candidate plot (plus
-#: the `WORST_SHOWN` worst), in `OutputDrift.distribution`.
+#: the `WORST_SHOWN` worst), in `OutputResult.distribution`.
 HISTOGRAM_BINS = 40
 SAMPLE_SIZE = 400
 WORST_SHOWN = 10
@@ -25,7 +27,9 @@ CHECKS = ("finite", "shape", "exact", "max-scaled", "element-wise", "cosine")
 
 
 @dataclass
-class OutputDrift:
+class _Drift:
+    """One output's metrics while `compare_arrays` measures them."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -67,12 +71,54 @@ class OutputDrift:
     #: (`sample`: flat indices, reference and candidate values, evenly spaced plus the worst).
     distribution: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "tolerance"}
-        data["shape"] = list(self.shape)
-        if self.tolerance is not None:
-            data.update(self.tolerance.to_json())
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+    def record(self) -> OutputResult:
+        """The frozen result; a metric that is not finite is None, as in the JSON."""
+        tol = self.tolerance
+        worst, required, dist = self.worst, self.required, self.distribution
+        return OutputResult(
+            name=self.name,
+            dtype=self.dtype,
+            shape=self.shape,
+            elements=self.elements,
+            max_abs=_finite_or_none(self.max_abs),
+            max_rel=_finite_or_none(self.max_rel),
+            mean_abs=_finite_or_none(self.mean_abs),
+            p99_abs=_finite_or_none(self.p99_abs),
+            cosine=_finite_or_none(self.cosine),
+            snr_db=_finite_or_none(self.snr_db),
+            mismatch_pct=_finite_or_none(self.mismatch_pct),
+            nan_ref=self.nan_ref,
+            nan_cand=self.nan_cand,
+            inf_ref=self.inf_ref,
+            inf_cand=self.inf_cand,
+            new_nan=self.new_nan,
+            new_inf=self.new_inf,
+            worst=Worst(tuple(worst["index"]), worst["reference"], worst["candidate"]) if worst else None,
+            top1_agreement=_finite_or_none(self.top1_agreement),
+            constant_reference=_finite_or_none(self.constant_reference),
+            passed=self.passed,
+            failures=tuple(self.failures) if self.failures is not None else None,
+            failed_checks=tuple(self.failed_checks) if self.failed_checks is not None else None,
+            bound=_finite_or_none(self.bound),
+            required=Required(**{k: _finite_or_none(v) for k, v in required.items()}) if required else None,  # type: ignore[arg-type]
+            score=_finite_or_none(self.score),
+            distribution=_distribution_record(dist) if dist is not None else None,
+            atol=tol.atol if tol is not None else None,
+            rtol_of_max=tol.rtol_of_max if tol is not None else None,
+            rtol=tol.rtol if tol is not None else None,
+            min_cosine=tol.min_cosine if tol is not None else None,
+        )
+
+
+def _distribution_record(dist: dict[str, Any]) -> Distribution:
+    h = dist["abs_error_histogram"]
+
+    def sample(d: dict[str, Any]) -> Sample:
+        return Sample(tuple(d["index"]), tuple(d["reference"]), tuple(d["candidate"]))
+
+    return Distribution(
+        Histogram(tuple(h["edges"]), tuple(h["counts"]), h["zeros"]), sample(dist["sample"]), sample(dist["worst"])
+    )
 
 
 _NONFINITE = 1e6
@@ -80,15 +126,19 @@ _OTHER_FAILURE = 1e9
 _DIFFER_WEIGHT = 1e3  # a non-float output whose values all differ scores 1001
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
-def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> OutputDrift:
+def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> OutputResult:
     """Drift of `candidate` against `reference` (same shape), and whether it passes `tol`."""
+    return _measure(name, reference, candidate, tol).record()
+
+
+def _measure(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> _Drift:
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
-    drift = OutputDrift(name, str(ref.dtype), tuple(ref.shape), int(ref.size), tolerance=tol)
+    drift = _Drift(name, str(ref.dtype), tuple(ref.shape), int(ref.size), tolerance=tol)
     if ref.shape != cand.shape:
         return _verdict(drift, [("shape", f"shape {cand.shape} != reference {ref.shape}")], _OTHER_FAILURE)
     if ref.dtype.kind not in "fc":
@@ -129,7 +179,7 @@ def compare_arrays(name: str, reference: np.ndarray, candidate: np.ndarray, tol:
 
 
 def _float_checks(
-    drift: OutputDrift,
+    drift: _Drift,
     ref: np.ndarray,
     r: np.ndarray,
     c: np.ndarray,
@@ -243,7 +293,7 @@ def _distribution(diff: np.ndarray, rf: np.ndarray, cf: np.ndarray, flat: np.nda
     }
 
 
-def _verdict(drift: OutputDrift, failures: list[tuple[str, str]], score: float) -> OutputDrift:
+def _verdict(drift: _Drift, failures: list[tuple[str, str]], score: float) -> _Drift:
     drift.passed = not failures
     drift.failures = [text for _, text in failures] or None
     drift.failed_checks = sorted({check for check, _ in failures}, key=CHECKS.index) or None

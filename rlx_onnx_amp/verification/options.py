@@ -47,6 +47,8 @@ class VerifyOptions:
     localize: bool = False
     localize_top: int = 10
     save_inputs: str | None = None
+    #: Warm runs timed per model for `Verification.latency` (0: not timed).
+    latency_runs: int = 5
 
     def check(self, option: Callable[[str], str] = "--{}".format) -> None:
         """Raise InputError for what makes these options unusable, before any work: no sample
@@ -55,6 +57,8 @@ class VerifyOptions:
         pass's `samples`)."""
         if self.spec.samples < 1:
             raise InputError(f"{option('samples')} must be at least 1")
+        if self.latency_runs < 0:
+            raise InputError(f"{option('latency_runs').replace('_', '-')} must be 0 (not timed) or more")
         resolve_provider(self.provider, option("provider"))
         if self.inputs is not None and not os.path.exists(self.inputs):
             raise InputError(f"{option('inputs')}: {self.inputs}: no such file or directory")

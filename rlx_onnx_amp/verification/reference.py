@@ -32,7 +32,7 @@ from rlx_onnx_amp.verification.compare import (
 from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesized_inputs_error, synthesized_sets
 from rlx_onnx_amp.verification.screen import ScreenPlan
 
-__all__ = ["Reference", "ReferenceUnavailable", "input_sets", "prepare_reference"]
+__all__ = ["Reference", "ReferenceUnavailable", "choosing_sets", "input_sets", "prepare_reference"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,11 @@ def prepare_reference(
     *,
     screen: bool = False,
     progress: Progress | None = None,
+    screened_sets: int | None = None,
 ) -> Reference:
     """Load and run the reference on the verification's inputs; with `screen`, in the same run,
-    the range of every float value. Raises `ReferenceUnavailable` when it cannot run."""
+    the range of every float value (over the first `screened_sets` input sets only, when given:
+    `choosing_sets`). Raises `ReferenceUnavailable` when it cannot run."""
     ref_path = Path(path)
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
@@ -82,7 +84,7 @@ def prepare_reference(
     reference = Reference(ref_path, model, provider, samples, outputs, [], [])
     try:
         if screen:
-            _screened_run(reference, progress)
+            _screened_run(reference, progress, len(samples) if screened_sets is None else screened_sets)
         else:
             session = Session(str(ref_path), provider, str(ref_path))
             reference.providers_used = session.session.get_providers()
@@ -92,7 +94,13 @@ def prepare_reference(
     return reference
 
 
-def _screened_run(reference: Reference, progress: Progress | None) -> None:
+def choosing_sets(total: int) -> int:
+    """How many of `total` input sets steer a held-out search (`--policy auto`): the first half,
+    rounded up; the others confirm its result, and nothing from them may steer it."""
+    return (total + 1) // 2 if total >= 2 else total
+
+
+def _screened_run(reference: Reference, progress: Progress | None, screened: int) -> None:
     """The reference's outputs and every float value's range, from one run per input set: with
     its bodies' values surfaced, or (where those cannot be stacked) its main graph's alone, or,
     where even that cannot run, its outputs only (nothing screened)."""
@@ -108,7 +116,8 @@ def _screened_run(reference: Reference, progress: Progress | None) -> None:
                     if progress is not None:
                         progress("running the reference", k, len(reference.samples))
                     fetched = session.run(feeds, plan.fetch)
-                    plan.ranges(fetched, ranges)
+                    if k < screened:
+                        plan.ranges(fetched, ranges)
                     runs.append({n: np.asarray(fetched[n]) for n in reference.output_names})
                     del fetched
                 if progress is not None:
