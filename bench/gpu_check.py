@@ -514,8 +514,13 @@ def fill_timing(row: dict[str, Any], case: Case, converted: Loaded, settings: Se
 def fill_drift(row: dict[str, Any], original: Path, converted: Path, shapes: dict[str, tuple[int, ...]],
                provider: str) -> None:
     spec = InputSpec(shapes=dict(shapes))
-    real, real_error = run_verify(original, converted, VerifyOptions(provider=provider, emulate=False, spec=spec))
-    emulated, emu_error = run_verify(original, converted, VerifyOptions(provider="cpu", emulate=True, spec=spec))
+    # The model is meant for its conversion's target: where that is not the provider at hand,
+    # a candidate the provider cannot run is verified emulated there (and says so).
+    target = (row.get("conversion") or {}).get("target") or provider
+    real, real_error = run_verify(original, converted, VerifyOptions(provider=provider, emulate=False, spec=spec,
+                                                                     target=target))
+    emulated, emu_error = run_verify(original, converted, VerifyOptions(provider="cpu", emulate=True, spec=spec,
+                                                                        target=target))
     row["real"], row["emulated"] = real, emulated
     if real_error:
         row["errors"].append(f"real verify: {real_error}")

@@ -386,6 +386,9 @@ def _worker_start() -> None:
     ends an idle worker at once; SIGINT is the parent's, which stops every worker with SIGTERM."""
     signal.signal(signal.SIGTERM, _worker_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A pool's workers are daemons, which multiprocessing lets start no child: a worker's
+    # verification runs the written model in one (`child.run_in_child`), as the parent's does.
+    multiprocessing.current_process().daemon = False
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:

@@ -421,6 +421,8 @@ def convert_cmd(
         shown = not quiet or bool(report_json or report_md or report_html) or min_low_share is not None
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
         verify_options = _make_verify_options(**verify_kwargs) if verifying else None
+        if verify_options is not None:  # where the provider only stands in for the target, it says so
+            verify_options = dataclasses.replace(verify_options, target=options.target.value)
         if repair_budget < 1:
             raise InputError("--repair-budget must be at least 1")
         targets = [output or ""] if directory else _output_paths(models, output, out_dir)
@@ -557,6 +559,12 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
 @click.argument("reference")
 @click.argument("candidate")
 @_verify_options
+@click.option(
+    "--target",
+    type=click.Choice(["cuda", "cpu"]),
+    help="The provider CANDIDATE is meant for. Where the provider at hand only stands in for it, a candidate "
+    "that cannot run here is verified emulated, and says so; otherwise that is exit 3. Default: the provider at hand.",
+)
 @click.option("--report-json", metavar="PATH", help="Write the drift report as JSON (under the key `verify`).")
 @click.option("--report-md", metavar="PATH", help="Write the drift report as Markdown.")
 @click.option("--report-html", metavar="PATH", help="Write the drift report as a self-contained HTML page with plots.")
@@ -565,6 +573,7 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
 def verify_cmd(
     reference: str,
     candidate: str,
+    target: str | None,
     report_json: str | None,
     report_md: str | None,
     report_html: str | None,
@@ -580,7 +589,7 @@ def verify_cmd(
         # inspect and merge-reports do not load its modules.
         from rlx_onnx_amp.verification.core import verify
 
-        verify_options = _make_verify_options(**verify_kwargs)
+        verify_options = dataclasses.replace(_make_verify_options(**verify_kwargs), target=target)
         paths = RunPaths()
         plan_model_reads(paths, reference, "reference model")
         plan_model_reads(paths, candidate, "candidate model")

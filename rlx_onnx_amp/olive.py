@@ -18,6 +18,7 @@ the plain command writes it: the log says so and the report's `unverified` says 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -202,7 +203,7 @@ def _settings(values: dict[str, Any]) -> JobSettings:
     return JobSettings(
         policy,
         options,
-        _verify_options(values, shapes) if verifying else None,
+        dataclasses.replace(_verify_options(values, shapes), target=options.target.value) if verifying else None,
         repair=searching,
         budget=values["repair_budget"],
         data_name=values.get("external_data_name"),

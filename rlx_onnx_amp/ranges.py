@@ -175,6 +175,7 @@ class NumericFacts:
         self._sentinels: dict[Precision, tuple[frozenset[str], frozenset[str]]] = {}
         self._singular: frozenset[str] | None = None
         self._dequantized: dict[str, frozenset[tuple[str, str]]] | None = None
+        self._shape_values: frozenset[str] | None = None
         # One walk over every graph: the Constant-like weights, and whether integer accumulators
         # (rule dequantize-arithmetic) are there at all.
         accumulators = {op for _, op in INTEGER_ACCUMULATORS}
@@ -220,6 +221,18 @@ class NumericFacts:
             for path, graph in self._graphs:
                 self._dequantized.update(_dequantized_in(graph, path))
         return self._dequantized
+
+    def shape_values(self) -> frozenset[str]:
+        """Keys of the float values that only compute a shape, a size or an index: every reader
+        is a Cast to an integer type, or a node whose outputs all are such values (rule
+        shape-arithmetic: `num_positions ** 0.5` cast to int64 for a Resize's sizes).
+        Computed on first use."""
+        if self._shape_values is None:
+            found: set[str] = set()
+            for path, graph in self._graphs:
+                found |= _shape_values_in(graph, path)
+            self._shape_values = frozenset(found)
+        return self._shape_values
 
     # -- weights ---------------------------------------------------------------------------
     def _weight_table(self) -> dict[str, TensorProto | NodeProto]:
@@ -499,3 +512,52 @@ def _dequantized_in(graph: GraphProto, path: str) -> dict[str, frozenset[tuple[s
     for start in starts:
         feeds(start)
     return {scoped_name(path, v): ops for v, ops in finals.items() if ops}
+
+
+_INTEGER_TYPES = frozenset({
+    TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32,
+    TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64,
+})
+
+
+def _shape_values_in(graph: GraphProto, path: str) -> set[str]:
+    """`NumericFacts.shape_values` for one graph (its outputs are never shape values: a graph
+    output is read by whoever runs the model)."""
+    readers: dict[str, list[NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    known: dict[str, bool] = {}
+
+    def to_integer(node: NodeProto) -> bool:
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return node.op_type == "Cast" and canonical_domain(node.domain) == "" and to in _INTEGER_TYPES
+
+    def shape_only(value: str) -> bool:
+        if value in known:
+            return known[value]
+        known[value] = False  # a guard while the walk is under way
+        found = value not in outputs and bool(readers.get(value)) and all(
+            to_integer(r) or (r.op_type != "Cast" and all(o and shape_only(o) for o in r.output))
+            for r in readers.get(value, ())
+        )
+        known[value] = found
+        return found
+
+    starts = [o for node in graph.node for o in node.output if o and any(to_integer(r) for r in readers.get(o, ()))]
+    if not starts:
+        return set()
+    # Walk up from the values cast to integers: only their producers' inputs can be shape values.
+    pending, seen = list(starts), set()
+    producer = {o: node for node in graph.node for o in node.output if o}
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        node = producer.get(value)
+        if node is not None:
+            pending.extend(i for i in node.input if i)
+    return {scoped_name(path, v) for v in seen if shape_only(v)}

@@ -416,6 +416,8 @@ def repair_file(
     resolved = resolve_policy(policy)
     options = options or ConvertOptions()
     verify_options = verify_options or VerifyOptions()
+    if verify_options.target is None:  # the written model is meant for the conversion's target
+        verify_options = dataclasses.replace(verify_options, target=options.target.value)
     paths = paths if paths is not None else RunPaths()
     paths.read(src, "input model")
     paths.write(dst, "output model")

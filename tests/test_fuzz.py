@@ -124,5 +124,7 @@ def test_a_mutant_past_its_limit_stops_the_driver(tmp_path: Path) -> None:
                              "--workdir", str(tmp_path / "w"), "--timeout", "0.001"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, timeout=600).returncode
     text = log.read_text(errors="replace")
-    assert rc == 1, text
+    # faulthandler's exit is _exit(1) from its watchdog thread; landing inside a C extension's
+    # import, that exit can die of SIGSEGV instead (-11 under a busy suite): stopped, either way.
+    assert rc == 1 or rc < 0, text
     assert _last_started(log) == "seed 1 index 0" and "Timeout" in text, text

@@ -51,6 +51,11 @@ class FakeNumeric:
     def dequantized(self) -> Mapping[str, frozenset[tuple[str, str]]]:
         return self.dequantizing
 
+    shape_keys: frozenset[str] = frozenset()
+
+    def shape_values(self) -> frozenset[str]:
+        return self.shape_keys
+
     def any_past_range(self, precision: Precision) -> bool:
         return bool(self.past)
 
@@ -278,6 +283,14 @@ def test_dequantize_arithmetic() -> None:
     reason = _check("dequantize-arithmetic", feeds, ctx)
     assert reason is not None and reason.startswith("dequantize: makes 'r'")
     assert _check("dequantize-arithmetic", _facts(*ADD, scope=scope)) is None
+
+
+def test_shape_arithmetic() -> None:
+    pow_node = _facts("Pow", ["n", "half"], ["side"], [F, F], [F], scope=_scope(("n", F), ("half", F)))
+    assert _check("shape-arithmetic", pow_node, FakeContext(numeric=FakeNumeric(shape_keys=frozenset({"side"})))) == (
+        "shape: its value only computes a shape, size or index (a Cast to an integer type reads it)"
+    )
+    assert _check("shape-arithmetic", pow_node) is None
 
 
 def test_dequantize_follows_consumer() -> None:

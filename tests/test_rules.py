@@ -291,6 +291,30 @@ def test_dequantize_arithmetic() -> None:
     _same_numbers(model, out, feeds)
 
 
+def test_shape_arithmetic() -> None:
+    """A ViT's position-embedding size: Pow(num_positions, 0.5) -> Cast(int64) -> Resize's sizes.
+    The Pow stays f32 (its value only computes a size); the Resize itself still lowers."""
+    consts = [helper.make_node("Constant", [], ["n"], value=numpy_helper.from_array(np.array(16.0, np.float32))),
+              helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.array(0.5, np.float32)))]
+    x = helper.make_tensor_value_info("x", F, [1, 2, 2, 2])
+    y = helper.make_tensor_value_info("y", F, [1, 2, 4, 4])
+    lead = numpy_helper.from_array(np.array([1, 2], np.int64), "lead")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    model = _model([*consts,
+                    helper.make_node("Pow", ["n", "half"], ["side_f"], name="side"),
+                    helper.make_node("Cast", ["side_f"], ["side_i"], to=onnx.TensorProto.INT64),
+                    helper.make_node("Unsqueeze", ["side_i", "axes"], ["side_1"]),
+                    helper.make_node("Concat", ["lead", "side_1", "side_1"], ["sizes"], axis=0),
+                    helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="resize", mode="nearest")],
+                   [x], [y], [lead, axes], opset=13)
+    out, report = convert_and_report(model, "always-f16", target="cpu", check_contracts=True)
+    kept = {k.node: k.code for k in report.kept_f32}
+    assert kept.get("side") == "shape-arithmetic"
+    assert report.index.decisions["6"] == "f16"  # the Resize of the activations
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2)}
+    _same_numbers(model, out, feeds)
+
+
 def test_dequantize_follows_consumer() -> None:
     """Cast(int8 -> f32) -> Sub(zero point) -> Mul(scale) -> MatMul: under auto-mixed the MatMul
     stays f32, and so do the Sub and the Mul with it, so no Cast enters the dequantization; the

@@ -260,9 +260,18 @@ def test_bf16_without_emulation_cannot_run_on_cpu(tmp_path: Path) -> None:
     src = _save("transformer_block", tmp_path)
     out = tmp_path / "out.onnx"
     convert_file(src, out, "auto-mixed-bf16")
-    result = rlx("verify", str(src), str(out), "--provider", "cpu", "--no-emulate")
+    # Meant for CUDA, verified on the CPU provider without emulation: it cannot run here.
+    result = rlx("verify", str(src), str(out), "--provider", "cpu", "--no-emulate", "--target", "cuda")
     assert result.returncode == 3, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "cannot load it on cpu" in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert str(out) in line and "on cpu" in line and "NOT_IMPLEMENTED" in line
+    # Given as meant for the provider at hand (the default), the written file must run there:
+    # emulated or not, a model that cannot run is never passed.
+    for emulate in ("--emulate", "--no-emulate"):
+        result = rlx("verify", str(src), str(out), "--provider", "cpu", emulate)
+        assert result.returncode == 3, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert str(out) in line and "cannot run it on cpu" in line and "never passed" in line
 
 
 def test_unavailable_provider_is_an_error(tmp_path: Path) -> None:

@@ -143,6 +143,8 @@ class NumericView(Protocol):
 
     def dequantized(self) -> Mapping[str, frozenset[tuple[str, str]]]: ...  # rule dequantize-follows-consumer
 
+    def shape_values(self) -> frozenset[str]: ...  # rule shape-arithmetic
+
     def any_past_range(self, precision: Precision) -> bool: ...
 
     def past_range(self, key: str, precision: Precision) -> float | None: ...
@@ -309,6 +311,16 @@ def _dequantize_arithmetic(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     return None
 
 
+def _shape_arithmetic(ctx: RuleContext, f: NodeFacts) -> Keep | None:
+    """Its float values only compute a shape, a size or an index."""
+    assert f.scope is not None
+    shapes = ctx.numeric.shape_values()
+    outs = [name for name in f.outs if name]
+    if not outs or any(scoped_name(f.scope.path, name) not in shapes for name in outs):
+        return None
+    return Keep("shape: its value only computes a shape, size or index (a Cast to an integer type reads it)")
+
+
 def _dequantize_follows_consumer(ctx: RuleContext, f: NodeFacts) -> Keep | None:
     """It dequantizes a weight for Compute nodes the policy runs at f32."""
     assert f.scope is not None
@@ -419,6 +431,8 @@ KEEP_RULES: tuple[KeepRule, ...] = (
     KeepRule("dequantize-arithmetic", _dequantize_arithmetic, per_node=True,
              active=lambda ctx: ctx.numeric.has_accumulators,
              summary="dequantizes an integer accumulator (MatMulInteger/ConvInteger) or a run-time scale"),
+    KeepRule("shape-arithmetic", _shape_arithmetic, per_node=True, active=lambda ctx: bool(ctx.numeric.shape_values()),
+             summary="computes only a shape, a size or an index (its value reaches a Cast to an integer type)"),
     KeepRule("dequantize-follows-consumer", _dequantize_follows_consumer, per_node=True,
              active=lambda ctx: bool(ctx.numeric.dequantized()),
              summary="dequantizes a weight for Compute nodes the policy runs at f32: lowered, it would only add Casts"),

@@ -48,6 +48,7 @@ __all__ = [
     "resolve_provider",
     "run_each",
     "session_threads",
+    "time_written_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -116,8 +117,20 @@ def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], 
             session.run(None, typed)
             times.append(time.perf_counter() - start)
     except Exception as e:
-        raise ModelRunError(f"{label}: onnxruntime cannot time it on {provider} ({first_line(e, 200)})") from None
-    return round(statistics.median(times) * 1000, 4)
+        raise ModelRunError(f"{label}: onnxruntime cannot run it on {provider} ({first_line(e, 200)})") from None
+    return round(statistics.median(times) * 1000, 4) if times else 0.0  # runs 0: it ran once, untimed
+
+
+def time_written_model(
+    path: str, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str
+) -> tuple[float | None, str | None]:
+    """`measure_latency` as a child process runs it (`child.run_in_child`): (milliseconds per
+    inference, None), or (None, why it cannot run); with `runs` 0 the model runs once, untimed."""
+    try:
+        ms = measure_latency(Path(path), provider, feeds, runs, label)
+    except ModelRunError as e:
+        return None, str(e)
+    return (ms if runs else None), None
 
 
 def _map_file(path: Path) -> np.ndarray:
@@ -324,14 +337,19 @@ def open_compared(
     scratch: Scratch,
     label: str,
     progress: Progress | None = None,
+    cannot_run: str | None = None,
 ) -> Compared:
     """A session on the candidate (loaded from `cand_path` when given, else from scratch), or on
-    its emulation when the provider cannot run it faithfully (see `emulation_reason`)."""
+    its emulation when the provider cannot run it faithfully (see `emulation_reason`).
+    `cannot_run`: why the candidate file is known not to run here (it crashed onnxruntime in a
+    child process): it is not loaded in this one."""
     low = low_precision_values(cand_model)
     precision = _lowest_precision(low)
     session: Session | None = None
     loaded = False
     try:
+        if cannot_run is not None:
+            raise ModelRunError(cannot_run)
         if cand_path is not None:
             session = Session(str(cand_path), provider, label)
         else:

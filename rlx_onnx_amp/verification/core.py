@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model
+from rlx_onnx_amp.child import ChildCrashed, run_in_child
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TracePoint, Verification
@@ -33,6 +34,7 @@ from rlx_onnx_amp.verification.compare import (
     measure_latency,
     open_compared,
     run_each,
+    time_written_model,
 )
 from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
@@ -110,13 +112,15 @@ class Verifier:
         *,
         label: str = "candidate",
         progress: Progress | None = None,
+        cannot_run: str | None = None,
     ) -> Judgement:
         """`model` (read from `path` when given, else saved to scratch) run on every input set,
         or its emulation (see `compare.open_compared`), and each output judged against the
         reference's by the tolerance."""
         ref = self.reference
         compared = open_compared(
-            ref.model, ref.path.parent, model, path, ref.provider, self.options.emulate, self.scratch, label, progress
+            ref.model, ref.path.parent, model, path, ref.provider, self.options.emulate, self.scratch, label, progress,
+            cannot_run,
         )
         runs = run_each(compared, ref.samples, ref.output_names, progress, "running the candidate")
         compared.release()
@@ -166,7 +170,10 @@ class Verifier:
         _check_interfaces(ref.model, cand_model, ref.path, Path(cand_label))
         if options.save_inputs:
             self._save_inputs(options.save_inputs, cand_path, outputs)
-        judgement = self.judge(cand_model, cand_path, label=cand_label, progress=progress)
+        # The written file itself runs once here before any verdict (in a child process: an
+        # onnxruntime crash is this run's exit 3, not its end); that run is timed too.
+        cand_ms, cand_error = self._run_written(cand_path, cand_label)
+        judgement = self.judge(cand_model, cand_path, label=cand_label, progress=progress, cannot_run=cand_error)
         localized = None
         trace: list[TracePoint] | None = None
         if options.localize:
@@ -174,7 +181,7 @@ class Verifier:
             localized = tuple(self.localize(judgement, options.localize_top, trace))
         compared = judgement.compared
         tolerance = options.tolerance.resolved(compared.precision)
-        latency = self._latency(cand_path, cand_label) if options.latency_runs else None
+        latency = self._latency(cand_ms, cand_error) if options.latency_runs or cand_error else None
         return Verification(
             reference=str(ref.path),
             candidate=cand_label,
@@ -199,19 +206,35 @@ class Verifier:
             latency=latency,
         )
 
-    def _latency(self, cand_path: Path, cand_label: str) -> Latency:
-        """The reference's and the candidate file's time per inference here, on the first input
-        set: what the conversion buys (or costs) on this provider."""
+    def _run_written(self, cand_path: Path, cand_label: str) -> tuple[float | None, str | None]:
+        """The written candidate run once on the first input set, in a child process, and timed
+        (`latency_runs`): its milliseconds, and why it cannot run where it cannot (a stand-in
+        provider's). It cannot run on the provider it is meant for: ModelRunError, exit 3."""
+        ref, options = self.reference, self.options
+        try:
+            ms, error = run_in_child(
+                time_written_model, str(cand_path), ref.provider, ref.samples[0], options.latency_runs, cand_label
+            )
+        except ChildCrashed as e:
+            ms, error = None, f"{cand_label}: onnxruntime crashed running it on {ref.provider}: {e}"
+        if error is not None and (options.target is None or options.target == ref.provider):
+            raise ModelRunError(f"{error}; a model that cannot run is never passed")
+        if error is not None:
+            logger.info("%s; %s only stands in for the %s target here", error, ref.provider, options.target)
+        return ms, error
+
+    def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:
+        """The reference's time per inference here beside the written file's: what the
+        conversion buys (or costs) on this provider."""
         ref, runs = self.reference, self.options.latency_runs
-        times: list[float | None] = []
-        notes = []
-        for path, label in ((ref.path, str(ref.path)), (cand_path, cand_label)):
+        notes = [cand_error] if cand_error else []
+        ref_ms = None
+        if runs:
             try:
-                times.append(measure_latency(path, ref.provider, ref.samples[0], runs, label))
+                ref_ms = measure_latency(ref.path, ref.provider, ref.samples[0], runs, str(ref.path))
             except ModelRunError as e:
-                times.append(None)
                 notes.append(str(e))
-        return Latency(ref.provider, runs, times[0], times[1], "; ".join(notes) or None)
+        return Latency(ref.provider, runs, ref_ms, cand_ms, "; ".join(notes) or None)
 
     def _save_inputs(self, target: str, cand_path: Path, outputs: OutputSet | None) -> None:
         samples = self.reference.samples

@@ -10,9 +10,13 @@ Synthesis rules (docs/verification.md, "Inputs"):
   shape is an input error, not a MemoryError;
 - float inputs are uniform in [-1, 1], or in the `--input-range NAME:LO,HI`;
 - integer inputs that index an embedding table (a Gather whose data is an initializer, reached
-  through Cast/Reshape/Unsqueeze/...) get token ids below the table size; inputs whose name says
-  "mask" get {0, 1}; integer scalars (sample rates, lengths) must come from --input-range or a
-  file; other integer inputs get values in [0, 2);
+  through Cast/Reshape/Unsqueeze/...) get token ids below the table size; those that index
+  another tensor of fixed shape (Gather, GatherElements, ScatterElements, GatherND, ScatterND
+  indices) get values below its extent; inputs whose name says "mask" get {0, 1}; an integer
+  scalar the graph compares with a constant (`Equal(sr, 16000)`) gets that constant; other
+  integer scalars must come from --input-range or a file (with verification by default: written
+  unverified, exit 4); other integer inputs get values in [0, 2);
+- `--input-range NAME:LO,LO` (LO = HI) gives the constant LO;
 - bool inputs are random {False, True}.
 
 Range bounds must be finite, within float32's range and, for an integer input, within its type's.
@@ -46,6 +50,7 @@ __all__ = [
     "MAX_SYNTHESIZED_BYTES",
     "GuessedAxesError",
     "InputSpec",
+    "UnsynthesizableInput",
     "check_feeds",
     "load_inputs",
     "parse_range",
@@ -103,8 +108,8 @@ def parse_range(text: str) -> tuple[str, tuple[float, float]]:
         lo, hi = (float(v) for v in bounds.split(","))
     except ValueError:
         raise InputError(f"--input-range: expected NAME:LO,HI, got {text!r}") from None
-    if not sep or not name or not lo < hi:
-        raise InputError(f"--input-range: expected NAME:LO,HI with LO < HI, got {text!r}")
+    if not sep or not name or not lo <= hi:
+        raise InputError(f"--input-range: expected NAME:LO,HI with LO <= HI (LO = HI: a constant), got {text!r}")
     # Float inputs are drawn as float32: a bound past its range would synthesize inf.
     if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > _F32_MAX:
         raise InputError(
@@ -152,6 +157,66 @@ def _vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
     return sizes
 
 
+#: Ops that read an input as indices into their data (input 0) along an axis: (op, index input).
+_INDEXING = {"Gather": 1, "GatherElements": 1, "ScatterElements": 1, "ScatterND": 1, "GatherND": 1}
+#: Comparisons whose other side, a constant, is the natural value of an integer scalar input.
+_COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> the extent its values index in another tensor of fixed shape (a Gather's
+    or ScatterElements' data along its axis, a graph input or an initializer), where every such
+    reader says; an input that also indexes an embedding table is `_vocab_sizes`'."""
+    graph = model.graph
+    fixed: dict[str, tuple[int, ...]] = {t.name: tuple(t.dims) for t in graph.initializer}
+    for vi in _graph_inputs(model):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.HasField("tensor_type") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+            fixed[vi.name] = tuple(d.dim_value for d in dims)
+    bounds: dict[str, int] = {}
+    inputs = {vi.name for vi in _graph_inputs(model)}
+    for node in graph.node:
+        index = _INDEXING.get(node.op_type)
+        if index is None or len(node.input) <= index or node.input[index] not in inputs:
+            continue
+        data = fixed.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type in ("GatherND", "ScatterND"):
+            axis = 0  # the first index tuple's axis: the smallest bound that fits every axis is safe
+            extent = min(data) if data else 0
+        else:
+            extent = data[axis] if data and -len(data) <= axis < len(data) else 0
+        if extent:
+            name = node.input[index]
+            bounds[name] = min(bounds.get(name, extent), extent)
+    return bounds
+
+
+def _compared_constants(model: onnx.ModelProto) -> dict[str, float]:
+    """Integer scalar graph input -> the constant the graph compares it with (`Equal(sr, 16000)`
+    feeding an If: the value a trained voice model expects)."""
+    graph = model.graph
+    constants: dict[str, float] = {}
+    for t in graph.initializer:
+        if not t.dims:
+            constants[t.name] = float(onnx.numpy_helper.to_array(t))
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None and not value.dims:
+                constants[node.output[0]] = float(onnx.numpy_helper.to_array(value))
+    found: dict[str, float] = {}
+    inputs = {vi.name for vi in _graph_inputs(model)}
+    for node in graph.node:
+        if node.op_type in _COMPARISONS and len(node.input) == 2:
+            a, b = node.input
+            if a in inputs and b in constants:
+                found.setdefault(a, constants[b])
+            elif b in inputs and a in constants:
+                found.setdefault(b, constants[a])
+    return found
+
+
 def _shape(vi: onnx.ValueInfoProto, spec: InputSpec) -> tuple[int, ...]:
     return spec.shapes[vi.name] if vi.name in spec.shapes else concrete_input_shape(vi)
 
@@ -166,6 +231,12 @@ def _guessed_shapes(model: onnx.ModelProto, spec: InputSpec) -> dict[str, tuple[
         if any(not (d.HasField("dim_value") and d.dim_value > 0) for d in vi.type.tensor_type.shape.dim):
             guessed[vi.name] = concrete_input_shape(vi)
     return guessed
+
+
+class UnsynthesizableInput(InputError):
+    """No value can be synthesized for an input (an integer scalar the graph gives no hint of):
+    with verification by default, the model is written unverified (exit 4) and this says how to
+    give the value; with --verify it is an input error (exit 2)."""
 
 
 class GuessedAxesError(InputError):
@@ -266,6 +337,8 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
                 f"(inputs: {', '.join(sorted(names))})"
             )
     vocab = _vocab_sizes(model)
+    bounds = _index_bounds(model)
+    compared = _compared_constants(model)
     feeds: dict[str, np.ndarray] = {}
     for vi, dtype, shape in _checked_shapes(model, spec):
         elem = vi.type.tensor_type.elem_type
@@ -277,11 +350,16 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
             lo, hi = 0, 2
         elif vi.name in vocab:
             lo, hi = 0, vocab[vi.name]
+        elif vi.name in bounds:  # indices into another tensor: within its extent
+            lo, hi = 0, bounds[vi.name]
         elif "mask" in vi.name.lower():
             lo, hi = 0, 2
+        elif not shape and vi.name in compared:  # the value the graph compares it with
+            lo = hi = compared[vi.name]
         elif not shape:
-            raise InputError(
-                f"input {vi.name!r} is an integer scalar; give --input-range {vi.name}:LO,HI or --inputs FILE"
+            raise UnsynthesizableInput(
+                f"input {vi.name!r} is an integer scalar the graph compares with no constant; "
+                f"give --input-range {vi.name}:LO,HI or --inputs FILE"
             )
         else:
             lo, hi = 0, 2

@@ -49,6 +49,10 @@ class VerifyOptions:
     save_inputs: str | None = None
     #: Warm runs timed per model for `Verification.latency` (0: not timed).
     latency_runs: int = 5
+    #: The provider short name the candidate is meant for ("cuda", "cpu"); None: the one the
+    #: verification runs on. A written model that cannot run on the provider at hand is an
+    #: error (exit 3) there; where that provider only stands in for the target, a warning.
+    target: str | None = None
 
     def check(self, option: Callable[[str], str] = "--{}".format) -> None:
         """Raise InputError for what makes these options unusable, before any work: no sample

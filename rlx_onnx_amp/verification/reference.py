@@ -29,7 +29,13 @@ from rlx_onnx_amp.verification.compare import (
     resolve_provider,
     run_each,
 )
-from rlx_onnx_amp.verification.inputs import check_feeds, load_inputs, synthesized_inputs_error, synthesized_sets
+from rlx_onnx_amp.verification.inputs import (
+    UnsynthesizableInput,
+    check_feeds,
+    load_inputs,
+    synthesized_inputs_error,
+    synthesized_sets,
+)
 from rlx_onnx_amp.verification.screen import ScreenPlan
 
 __all__ = ["Reference", "ReferenceUnavailable", "choosing_sets", "input_sets", "prepare_reference"]
@@ -79,7 +85,10 @@ def prepare_reference(
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
     options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
-    samples = input_sets(model, options)
+    try:
+        samples = input_sets(model, options)
+    except UnsynthesizableInput as e:  # no run without a value the user has to give
+        raise ReferenceUnavailable(e) from None
     outputs = [o.name for o in model.graph.output]
     reference = Reference(ref_path, model, provider, samples, outputs, [], [])
     try:

@@ -1,0 +1,85 @@
+"""The written file is what passed (issue 39): the candidate file itself runs once on the
+provider at hand, in a child process, before any verdict; a crash of onnxruntime there is exit 3
+with one line, nothing left beside `-o`, and a batch goes on with its next model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fixtures.make_fixtures import HEALTHY
+from rlx_onnx_amp.child import ChildCrashed, run_in_child
+from tests.helpers import rlx
+
+
+def _transpose_matmul(elem: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """Transpose(perm=[1, 0, 2]) of an [L, B, 256] input feeding a MatMul with a [256, 59]
+    weight: in f16, onnxruntime 1.32's CPU provider dies of SIGSEGV creating its session."""
+    dtype = np.float16 if elem == TensorProto.FLOAT16 else np.float32
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((256, 59)).astype(dtype), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2], name="tr"),
+         helper.make_node("MatMul", ["t", "w"], ["y"], name="mm")],
+        "g", [helper.make_tensor_value_info("x", elem, [6, 2, 256])],
+        [helper.make_tensor_value_info("y", elem, [2, 6, 59])], [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _session(path: str) -> bool:
+    import onnxruntime as ort
+
+    ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return True
+
+
+@pytest.fixture(scope="module")
+def crashing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("crash")
+    onnx.save(_transpose_matmul(TensorProto.FLOAT16), str(tmp / "f16.onnx"))
+    try:
+        run_in_child(_session, str(tmp / "f16.onnx"))
+    except ChildCrashed:
+        onnx.save(_transpose_matmul(), str(tmp / "f32.onnx"))
+        return tmp / "f32.onnx"
+    pytest.skip("this onnxruntime no longer crashes on an f16 Transpose -> MatMul (fixed upstream)")
+
+
+def test_a_crash_of_onnxruntime_on_the_written_model_is_exit_3_and_leaves_nothing(crashing: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = rlx(crashing, "-p", "always-f16", "-o", out / "m.onnx", "--provider", "cpu", "--target", "cpu")
+    assert result.returncode == 3, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert str(out / "m.onnx") in line and "on cpu" in line and "SIGSEGV" in line
+    assert list(out.iterdir()) == []  # no model, no staging directory
+
+
+def test_a_batch_goes_on_after_a_crash(crashing: Path, tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    models = [tmp_path / "in" / "a_crash.onnx", tmp_path / "in" / "b_block.onnx"]
+    models[0].write_bytes(crashing.read_bytes())
+    onnx.save(HEALTHY["transformer_block"]().model, str(models[1]))
+    result = rlx(*models, "-p", "always-f16", "--out-dir", tmp_path / "out", "--provider", "cpu", "--target", "cpu",
+                 "--report-json", tmp_path / "r.json", "-q")
+    assert result.returncode == 3
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [f["exit_code"] for f in report["failed"]] == [3]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b_block.onnx"]
+
+
+def test_on_a_stand_in_provider_it_says_so_and_the_verdict_is_emulated(crashing: Path, tmp_path: Path) -> None:
+    """For a CUDA target, the CPU provider only stands in: the written model's crash there is
+    said (in the report's latency note), and the emulated verdict stands."""
+    result = rlx(crashing, "-p", "always-f16", "-o", tmp_path / "m.onnx", "--provider", "cpu",
+                 "--report-json", tmp_path / "r.json", "-q")
+    assert result.returncode == 0, result.stderr
+    verify = json.loads((tmp_path / "r.json").read_text())["verify"]
+    assert verify["emulated"] and not verify["candidate_loaded"]
+    assert "SIGSEGV" in verify["latency"]["note"] and verify["latency"]["candidate_ms"] is None
