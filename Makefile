@@ -2,10 +2,14 @@ PYTHON ?= python3
 # Exported benchmark models (ignored by git); any directory with room for a 3.4 GB model.
 BENCH_DATA ?= bench/data
 
-.PHONY: install demo lint docs test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
+.PHONY: install check demo lint docs test test-fast fixtures bench-node-cases bench-scale bench-nodes bench-repair
 
 install:
-	$(PYTHON) -m pip install -e ".[test,export,ir,olive,docs]"
+	$(PYTHON) -m pip install -q -c .ci/constraints.txt -e ".[test,export,ir,olive,docs]"
+
+# One command on a fresh clone: install what the tests need, then run them all (what .ci/run runs).
+check: install
+	$(MAKE) test
 
 demo:
 	rlx-amp fixtures/models/demo_transformer.onnx --policy auto-mixed -o demo_auto_mixed.onnx --verify --report-md demo_report.md

@@ -64,13 +64,16 @@ def test_readme_quick_start_is_the_real_one() -> None:
     """The one command that installs and runs the main job on the bundled demo, and the one that
     runs the tests, which is exactly what CI runs, and which builds the docs."""
     readme = README.read_text()
-    assert ('pip install -e ".[test,export]" && rlx-amp fixtures/models/demo_transformer.onnx --policy auto-mixed '
+    # The light set: the package and onnxruntime's CPU wheel, nothing the tests need.
+    assert ('pip install -e ".[cpu]" && rlx-amp fixtures/models/demo_transformer.onnx --policy auto-mixed '
             "-o demo_auto_mixed.onnx") in readme
     assert (REPO / "fixtures" / "models" / "demo_transformer.onnx").is_file()
-    assert "```sh\nmake test\n```" in readme
+    assert "```sh\nmake check\n```" in readme
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
-    assert ci[-1] == "make test", "CI must run exactly README's test command"
+    assert ci[-1] == "make check", "CI must run exactly README's test command"
     makefile = (REPO / "Makefile").read_text()
+    (check_deps,) = re.findall(r"^check: (.*)$", makefile, re.M)
+    assert check_deps.split() == ["install"] and re.search(r"^check: .*\n\t\$\(MAKE\) test$", makefile, re.M)
     (test_deps,) = re.findall(r"^test: (.*)$", makefile, re.M)
     assert "docs" in test_deps.split()
     docs_recipe = re.search(r"^docs:\n((?:\t.*\n)+)", makefile, re.M).group(1)  # type: ignore[union-attr]
