@@ -31,7 +31,8 @@ tree's run directory, so both trees read the same bytes. The commands:
 
 Each writes every report format it has. What legitimately varies from one run to the next is
 normalized before hashing: the run directory's absolute path (`<RUN>`) and the random names of
-staging and scratch directories (`<TMP>`); reports hold no timestamps or durations. Prints how
+staging and scratch directories (`<TMP>`), and measured times (`run.started`, `run.seconds`,
+`latency`, the latency line and the size and speed-up ratios: `<T>`, `<X>`). Prints how
 many outputs were compared and every difference (with the first lines of a diff for text);
 exits 1 when any differs. A refactor of the reports or the command line must leave this at 0.
 `--keep DIR` keeps both run directories there for a look.
@@ -134,10 +135,21 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _RANDOM = re.compile(r"(\.rlx-amp-stage-|rlx-amp-[a-z]+-|tmp)[A-Za-z0-9_]{6,}")
 
 
+#: What differs from one run to the next by nature: measured times (`run`, `latency`, the
+#: latency line and the speed-up column) and the report's start time and duration.
+_TIMINGS = (
+    (re.compile(r'"(started|seconds|reference_ms|candidate_ms)": [^,\n]+'), r'"\1": <T>'),
+    (re.compile(r"([Ll]atency on \w+): [^\n<]*"), r"\1: <T>"),
+    (re.compile(r"\b\d+\.\d\dx\b"), "<X>x"),
+)
+
+
 def _normalized(data: bytes, run: Path) -> bytes:
     text = data.decode("utf-8", errors="surrogateescape")
     text = text.replace(str(run), "<RUN>")
     text = _RANDOM.sub(r"\1<TMP>", text)
+    for pattern, replacement in _TIMINGS:
+        text = pattern.sub(replacement, text)
     return text.encode("utf-8", errors="surrogateescape")
 
 

@@ -57,6 +57,12 @@ def _stdout_closed() -> None:
 
 
 def _main(argv: list[str] | None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:  # answered before onnx, onnxruntime and the command line load
+        from rlx_onnx_amp import __version__
+
+        print(f"rlx-amp, version {__version__}")
+        sys.exit(0)
     signal.signal(signal.SIGTERM, exits.raise_on_stop)
     try:
         with exits.signals_deferred():

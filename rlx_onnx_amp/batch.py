@@ -59,6 +59,7 @@ from rlx_onnx_amp.reports.record import (
     Failure,
     Gate,
     ModelResult,
+    Run,
     batch_json,
     report_document,
 )
@@ -315,8 +316,10 @@ class RunResults:
     def exit_code(self) -> int:
         return worst_exit_code([r.exit_code for r in self.results])
 
-    def json(self, batch: bool) -> dict[str, Any]:
-        return batch_json(self.results, self.exit_code) if batch else report_document(self.results[0].to_json())
+    def json(self, batch: bool, run: Run | None = None) -> dict[str, Any]:
+        if batch:
+            return batch_json(self.results, self.exit_code, run)
+        return report_document(self.results[0].to_json(), run)
 
     def markdown(self) -> str:
         failed = any(r.failure is not None for r in self.results)

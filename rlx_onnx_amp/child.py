@@ -78,6 +78,8 @@ def _child(send: Connection, fn: Callable[..., Any], args: tuple[Any, ...]) -> N
         answer = (False, e)
     try:
         send.send(answer)
+    except OSError:  # the parent stopped waiting (a stop signal): nobody to answer
+        return
     except Exception as e:  # a result or exception that does not pickle
         send.send((False, RuntimeError(f"the child's answer cannot be sent back: {type(e).__name__}: {e}")))
     send.close()

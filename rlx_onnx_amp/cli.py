@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,17 +54,18 @@ from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import AUTO, POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
-from rlx_onnx_amp.reports.record import ModelResult, report_document, report_text
+from rlx_onnx_amp.reports.record import ModelResult, report_document, report_text, run_record
 from rlx_onnx_amp.reports.text import (
     compare_policies_table,
     failed_verdict,
     inspect_table,
+    next_step,
     verify_markdown,
     verify_table,
 )
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification.inputs import GuessedAxesError, InputSpec, parse_range, parse_shape
-from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions
+from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, resolve_provider
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 
@@ -184,8 +186,9 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--inputs",
             "inputs_path",
-            metavar="FILE.npz|DIR",
-            help="Inputs: an .npz of name -> array, or a directory of input_N.pb.",
+            metavar="FILE.npz|FILE.json|DIR",
+            help="Inputs: an .npz of name -> array (NAME#k for set k), Polygraphy's JSON inputs, or a directory of "
+            "input_N.pb.",
         ),
         click.option("--seed", default=0, show_default=True, help="Seed of synthesized inputs."),
         click.option("--samples", default=1, show_default=True, help="Number of synthesized input sets."),
@@ -299,7 +302,11 @@ def _setup_logging(verbose: int) -> None:
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-@click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_DefaultGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Example: rlx-amp model.onnx -o model16.onnx --policy auto. Each command's --help lists its exit codes.",
+)
 @click.version_option(package_name="rlx-onnx-amp")
 def main() -> None:
     """Rewrite ONNX models to mixed precision and prove the result.
@@ -314,7 +321,21 @@ def main() -> None:
     """
 
 
-@main.command("convert")
+#: The convert command's exit codes, as its --help ends (docs/cli.md's table).
+_CONVERT_EXITS = (
+    "Exit codes: 0 pass, 1 drift (written), 2 bad usage or input, 3 onnxruntime cannot run a model, "
+    "4 written unverified, 5 below --min-low-share (written), 70 a bug, 130/143 interrupted."
+)
+
+
+@main.command(
+    "convert",
+    epilog="\b\nExamples:\n"
+    "  rlx-amp model.onnx -o model16.onnx             screen, convert (auto-mixed) and verify\n"
+    "  rlx-amp model.onnx -o fast.onnx --policy auto  the most f16 compute that passes\n"
+    "  rlx-amp optimum_export/ -o export16/           a whole export directory, as one unit\n\n"
+    + _CONVERT_EXITS,
+)
 @click.argument("models", nargs=-1, required=True, metavar="MODEL...")
 @_policy_options
 @click.option("-o", "--output", metavar="OUT", help="Output model path (one MODEL).")
@@ -406,11 +427,13 @@ def convert_cmd(
     verbose: int,
     **verify_kwargs: Any,
 ) -> None:
-    """Convert MODEL to mixed precision under a policy."""
+    """Convert MODEL to mixed precision under a policy, and verify it. MODEL may be several
+    files (with --out-dir), or an optimum or onnxruntime-genai export directory (with -o DIR)."""
     _setup_logging(verbose)
     ctx = click.get_current_context()
 
     def run() -> int:
+        started = time.time()  # the report's run.started
         resolved = _policy(policy, map_text, map_file, low)
         searching = _searches(resolved, do_verify, do_repair, min_low_share)
         _refuse_idle_options(ctx, do_verify, searching)
@@ -465,7 +488,9 @@ def convert_cmd(
                 results = [job.convert_own(src, dst) for src, dst in zip(models, targets)]
             run_results = RunResults(tuple(results), verifying)
             if report_json:
-                outputs.write_text(report_json, report_text(run_results.json(batch)))
+                provider = resolve_provider(verify_options.provider) if verify_options is not None else None
+                run_info = run_record(started, provider, options.target.value, _command())
+                outputs.write_text(report_json, report_text(run_results.json(batch, run_info)))
             if report_md:
                 outputs.write_text(report_md, run_results.markdown())
             if report_html:
@@ -474,9 +499,22 @@ def convert_cmd(
         summary = run_results.summary(quiet) if batch else None
         if summary is not None:
             click.echo(summary)
+        _say_next(run_results.results)
         return run_results.exit_code
 
     _run_guarded(run, models, batch=len(models) > 1)
+
+
+def _command() -> list[str]:
+    """The command line as given, for a report's `run`."""
+    return ["rlx-amp", *sys.argv[1:]]
+
+
+def _say_next(results: Sequence[ModelResult]) -> None:
+    """A run that did not pass ends with the next step, in one line (with -q too)."""
+    advice = next_step(results)
+    if advice is not None:
+        click.echo(f"rlx-amp: next: {advice}", err=True)
 
 
 def _searches(policy: Policy, do_verify: bool | None, do_repair: bool, min_low_share: float | None) -> bool:
@@ -555,7 +593,11 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
     return [output]
 
 
-@main.command("verify")
+@main.command(
+    "verify",
+    epilog="\b\nExample:\n  rlx-amp verify model.onnx model16.onnx --provider cpu --localize\n\n"
+    "Exit codes: 0 pass, 1 drift, 2 bad usage or input, 3 onnxruntime cannot run a model, 70 a bug.",
+)
 @click.argument("reference")
 @click.argument("candidate")
 @_verify_options
@@ -569,7 +611,7 @@ def _output_paths(models: Sequence[str], output: str | None, out_dir: str | None
 @click.option("--report-md", metavar="PATH", help="Write the drift report as Markdown.")
 @click.option("--report-html", metavar="PATH", help="Write the drift report as a self-contained HTML page with plots.")
 @click.option("--quiet", "-q", is_flag=True, help="No table.")
-@click.option("-v", "--verbose", count=True)
+@click.option("-v", "--verbose", count=True, help="Also the column legend and the tolerances that would pass.")
 def verify_cmd(
     reference: str,
     candidate: str,
@@ -585,6 +627,7 @@ def verify_cmd(
     _setup_logging(verbose)
 
     def run() -> int:
+        started = time.time()  # the report's run.started
         # The verification is imported where it runs: a conversion with --no-verify,
         # inspect and merge-reports do not load its modules.
         from rlx_onnx_amp.verification.core import verify
@@ -607,7 +650,8 @@ def verify_cmd(
             elif not result.passed:  # -q still says that something failed, in one line
                 click.echo(failed_verdict(result))
             if report_json:
-                outputs.write_text(report_json, report_text(report_document({"verify": result.to_json()})))
+                run_info = run_record(started, result.provider, target, _command())
+                outputs.write_text(report_json, report_text(report_document({"verify": result.to_json()}, run_info)))
             if report_md:
                 outputs.write_text(report_md, verify_markdown([ModelResult(verify=result)]))
             if report_html:
@@ -615,12 +659,17 @@ def verify_cmd(
 
                 outputs.write_text(report_html, html_report([ModelResult(verify=result)], title="rlx-amp drift report"))
             outputs.commit()
+        _say_next([ModelResult(verify=result)])
         return EXIT_OK if result.passed else EXIT_DRIFT
 
     _run_guarded(run, (reference, candidate))
 
 
-@main.command("merge-reports")
+@main.command(
+    "merge-reports",
+    epilog="\b\nExample:\n  rlx-amp merge-reports shard*/report.json --report-md summary.md\n\n"
+    "Exit code: the worst of the shards' (0 pass, 4 unverified, 5 gate, 1 drift, 2 a bad shard, 3, 70).",
+)
 @click.argument("reports", nargs=-1, required=True, metavar="REPORT.json...")
 @click.option("--report-json", metavar="PATH", help="Write the merged batch report as JSON.")
 @click.option("--report-md", metavar="PATH", help="Write the merged summary as Markdown (default: print it).")
@@ -629,6 +678,7 @@ def merge_reports_cmd(reports: Sequence[str], report_json: str | None, report_md
     """Merge the JSON reports of several runs (CI shards) into one summary; exit with the worst code."""
 
     def run() -> int:
+        started = time.time()  # the report's run.started
         paths = RunPaths()
         for path in reports:
             paths.read(path, "report")
@@ -638,7 +688,8 @@ def merge_reports_cmd(reports: Sequence[str], report_json: str | None, report_md
         markdown = merged_markdown(merged)
         with OutputSet(paths.protected()) as outputs:
             if report_json:
-                outputs.write_text(report_json, report_text(merged.to_json()))
+                run_info = run_record(started, None, None, _command())
+                outputs.write_text(report_json, report_text(merged.to_json(run_info)))
             if report_md:
                 outputs.write_text(report_md, markdown)
             outputs.commit()
@@ -677,11 +728,15 @@ def olive_config_cmd() -> None:
     _run_guarded(run)
 
 
-@main.command("inspect")
+@main.command(
+    "inspect",
+    epilog="\b\nExample:\n  rlx-amp inspect model.onnx --compare-policies\n\n"
+    "Exit codes: 0, 2 bad usage or input, 3 onnxruntime cannot run the model (--screen).",
+)
 @click.argument("model")
 @_policy_options
-@click.option("--keep-f32-op", multiple=True, metavar="OP")
-@click.option("--keep-f32-node", multiple=True, metavar="REGEX")
+@click.option("--keep-f32-op", multiple=True, metavar="OP", help="Keep every node of this op type in f32.")
+@click.option("--keep-f32-node", multiple=True, metavar="REGEX", help="Keep nodes whose name matches in f32.")
 @click.option(
     "--shape", "shapes", multiple=True, metavar="NAME:1x128", help="Shape of an input with dynamic dimensions (cost)."
 )

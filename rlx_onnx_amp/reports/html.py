@@ -47,6 +47,7 @@ from rlx_onnx_amp.reports.text import (
     gain_line,
     latency_line,
     localized_table,
+    next_step,
     percent,
     repair_kept_rows,
     required_tolerances,
@@ -167,10 +168,12 @@ def _summary(results: Sequence[ModelResult]) -> str:
     ]
     passed = all(r.verify is None or r.verify.passed for r in entries) and not failed
     verdict = "passed" if passed else "failed"
+    advice = next_step(results)
     return (
         f"<p>Verdict: <span class='{'pass' if passed else 'fail'}'>{verdict}</span> "
         f"({len(entries) + len(failed)} model(s)).</p>"
-        "<table><tr><th>model</th><th>result</th><th>policy</th><th>failed outputs</th><th>worst score</th>"
+        + (f"<p><strong>Next:</strong> {_e(advice)}</p>" if advice else "")
+        + "<table><tr><th>model</th><th>result</th><th>policy</th><th>failed outputs</th><th>worst score</th>"
         "<th>MACs low</th><th>size</th><th>speed-up</th></tr>" + "".join(rows) + "</table>"
     )
 

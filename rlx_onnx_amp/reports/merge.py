@@ -10,6 +10,8 @@ model of every shard, in the order the files are given, plus `shards` (the files
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +20,15 @@ from typing import Any
 
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.exits import EXIT_OK, worst_exit_code
-from rlx_onnx_amp.reports.record import SCHEMA_VERSION, Failure, ModelResult, RecordError, Verification, batch_json
+from rlx_onnx_amp.reports.record import (
+    SCHEMA_VERSION,
+    Failure,
+    ModelResult,
+    RecordError,
+    Run,
+    Verification,
+    batch_json,
+)
 from rlx_onnx_amp.reports.text import SUMMARY_COLUMNS, size_ratio, speedup
 
 __all__ = ["MergedReport", "merge_reports", "merged_markdown", "read_report"]
@@ -36,6 +46,7 @@ def read_report(path: str | Path) -> list[ModelResult]:
     if not isinstance(data, dict):
         raise InputError(f"{p}: not an rlx-amp report (a JSON object was expected)")
     version = data.pop("schema_version", SCHEMA_VERSION)  # absent: written before the key existed
+    data.pop("run", None)  # provenance of the file, not of its models
     if version != SCHEMA_VERSION or isinstance(version, bool):
         raise InputError(
             f"{p}: report schema_version {version!r:.20} is not {SCHEMA_VERSION}, the one this rlx-amp reads"
@@ -73,16 +84,32 @@ class MergedReport:
     def exit_code(self) -> int:
         return worst_exit_code([r.exit_code for r in self.results])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, run: Run | None = None) -> dict[str, Any]:
         """The merged batch report: a batch report over every model, plus `shards`."""
-        return {**batch_json(self.results, self.exit_code), "shards": list(self.shards)}
+        return {**batch_json(self.results, self.exit_code, run), "shards": list(self.shards)}
 
 
 def merge_reports(paths: Sequence[str | Path]) -> MergedReport:
     """The batch report over every model of `paths`, in order, with the worst exit code."""
     if not paths:
         raise InputError("merge-reports needs at least one report file")
+    _refuse_repeats(paths)
     return MergedReport(tuple(r for path in paths for r in read_report(path)), tuple(str(p) for p in paths))
+
+
+def _refuse_repeats(paths: Sequence[str | Path]) -> None:
+    """A shard given twice (the same file, or a copy with the same bytes) would count its models
+    twice: an input error naming both."""
+    seen: dict[object, str] = {}
+    for path in paths:
+        p = Path(path)
+        keys: list[object] = [p.resolve()]
+        with contextlib.suppress(OSError):  # a missing file is read_report's to report
+            keys.append(hashlib.sha256(p.read_bytes()).hexdigest())
+        for key in keys:
+            if key in seen:
+                raise InputError(f"{p}: the same report as {seen[key]}; each shard is merged once")
+            seen[key] = str(p)
 
 
 def _score(r: ModelResult) -> str:

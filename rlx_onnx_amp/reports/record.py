@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
+import importlib.metadata
 import json
 import numbers
+import time
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from rlx_onnx_amp import __version__
 from rlx_onnx_amp.cost import Cost
 from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_LOW_GAIN, EXIT_OK, EXIT_UNVERIFIED
 from rlx_onnx_amp.policy import Policy
@@ -48,6 +52,7 @@ __all__ = [
     "Repair",
     "RepairKeep",
     "RepairStep",
+    "Run",
     "Sample",
     "TracePoint",
     "Verification",
@@ -56,6 +61,7 @@ __all__ = [
     "report_document",
     "report_kind",
     "report_text",
+    "run_record",
 ]
 
 
@@ -572,9 +578,45 @@ class ModelResult:
 SCHEMA_VERSION = 1
 
 
-def report_document(data: Mapping[str, Any]) -> dict[str, Any]:
-    """`data` as a report file holds it: `schema_version` first, then its own keys."""
-    return {"schema_version": SCHEMA_VERSION, **data}
+@dataclass(frozen=True)
+class Run(_Record):
+    """Where and how a report file was made: the versions that made it, the provider the
+    verification ran on and the target the models were converted for (None where there was
+    none), when it started (UTC, ISO 8601), how long it took, and the command line as given."""
+
+    rlx_amp: str
+    onnx: str | None
+    onnxruntime: str | None
+    numpy: str | None
+    provider: str | None
+    target: str | None
+    started: str
+    seconds: float
+    command: tuple[str, ...]
+
+
+def run_record(started: float, provider: str | None, target: str | None, command: Sequence[str]) -> Run:
+    """The `Run` of a command that started at `started` (`time.time()`) and ends now."""
+
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    when = datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds")
+    ort = version("onnxruntime") or version("onnxruntime-gpu")
+    return Run(__version__, version("onnx"), ort, version("numpy"), provider, target, when,
+               round(time.time() - started, 3), tuple(command))
+
+
+def report_document(data: Mapping[str, Any], run: Run | None = None) -> dict[str, Any]:
+    """`data` as a report file holds it: `schema_version` first, then `run` where it is given,
+    then its own keys."""
+    head: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+    if run is not None:
+        head["run"] = run.to_json()
+    return {**head, **data}
 
 
 def report_text(data: Mapping[str, Any]) -> str:
@@ -582,7 +624,7 @@ def report_text(data: Mapping[str, Any]) -> str:
     return json.dumps(data, indent=2, default=str) + "\n"
 
 
-def batch_json(results: Sequence[ModelResult], exit_code: int) -> dict[str, Any]:
+def batch_json(results: Sequence[ModelResult], exit_code: int, run: Run | None = None) -> dict[str, Any]:
     """A batch report: its models' entries and its failures, each in input order, and how the
     batch ended."""
     return report_document({
@@ -590,7 +632,7 @@ def batch_json(results: Sequence[ModelResult], exit_code: int) -> dict[str, Any]
         "failed": [r.failure.to_json() for r in results if r.failure is not None],
         "passed": exit_code == EXIT_OK,
         "exit_code": exit_code,
-    })
+    }, run)
 
 
 # -- the schema -------------------------------------------------------------------------------
@@ -668,7 +710,8 @@ def json_schema() -> dict[str, Any]:
         "additionalProperties": False,
     }
     version = {"const": SCHEMA_VERSION}
-    model_file = {**defs["Model"], "properties": {"schema_version": version, **defs["Model"]["properties"]}}
+    run = _type_schema(Run, defs)
+    model_file = {**defs["Model"], "properties": {"schema_version": version, "run": run, **defs["Model"]["properties"]}}
     model_file["description"] = "A model's report file (`--report-json` of one conversion)."
     defs["ModelReport"] = model_file
     defs["BatchReport"] = {
@@ -676,6 +719,7 @@ def json_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "schema_version": version,
+            "run": run,
             "models": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Model"}, verify_entry]}},
             "failed": {"type": "array", "items": _type_schema(Failure, defs)},
             "passed": {"type": "boolean"},
@@ -688,7 +732,7 @@ def json_schema() -> dict[str, Any]:
     defs["VerifyReport"] = {
         "description": "A verify command's report file.",
         "type": "object",
-        "properties": {"schema_version": version, "verify": verification},
+        "properties": {"schema_version": version, "run": run, "verify": verification},
         "required": ["schema_version", "verify"],
         "additionalProperties": False,
     }

@@ -370,6 +370,9 @@ def verify_markdown(results: Sequence[ModelResult]) -> str:
     failed = _failures(results)
     passed = all(_verification(r).passed for r in verified) and not failed
     out = [f"# rlx-amp drift report: {'✅ passed' if passed else '❌ failed'}", ""]
+    advice = next_step(results)
+    if advice is not None:
+        out += [f"> **Next:** {advice}", ""]
     summary = []
     for r in verified:
         v = _verification(r)
@@ -571,3 +574,25 @@ def latency_line(v: Verification, target: str | None) -> str | None:
 def _summarized(text: str, limit: int = 120) -> str:
     """A long message cut at a word, for one line; the whole text is in the JSON."""
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def next_step(results: Sequence[ModelResult]) -> str | None:
+    """What to do next, in one line, after a run that did not pass (drift, a gate, no verdict);
+    None when every model passed."""
+    for r in results:
+        v = r.verify
+        if v is not None and not v.passed:
+            first = v.localized[0].node if v.localized else None
+            if r.conversion is None:  # the verify command: the candidate is someone else's
+                return f"{v.candidate}: rerun with --localize to name the nodes where drift starts"
+            if r.repair is not None:
+                return f"{r.model}: the repair ran out of evaluations: raise --repair-budget, or --keep-f32-node NAME"
+            if first is not None:
+                return f"{r.model}: add --repair (or --policy auto), or --keep-f32-node {first}: drift starts there"
+            return f"{r.model}: add --repair (or --policy auto) to keep drifting nodes in f32; --localize names them"
+        if r.gate is not None and not r.gate.passed:
+            return f"{r.model}: --policy auto keeps the most compute low that passes the verdict"
+        if r.unverified is not None:
+            give = r.unverified[r.unverified.find("give ") :] if "give " in r.unverified else ""
+            return f"{r.model}: " + (give or "give its inputs with --inputs FILE.npz, or sizes with --shape NAME:DIMS")
+    return None

@@ -198,7 +198,7 @@ def _compared_constants(model: onnx.ModelProto) -> dict[str, float]:
     graph = model.graph
     constants: dict[str, float] = {}
     for t in graph.initializer:
-        if not t.dims:
+        if not t.dims and t.data_location != TensorProto.EXTERNAL:  # the model is loaded without its data
             constants[t.name] = float(onnx.numpy_helper.to_array(t))
     for node in graph.node:
         if node.op_type == "Constant" and node.output:

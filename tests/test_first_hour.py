@@ -1,0 +1,90 @@
+"""The first hour (issue 41): a run that did not pass ends with the next step in one line (and
+the reports head with it), the JSON carries where and how it was made (`run`), merge-reports
+reads a shard once, and every --help lists its exit codes and an example."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
+from tests.helpers import rlx
+
+
+def test_drift_ends_with_the_next_step_and_the_reports_head_with_it(tmp_path: Path) -> None:
+    src = tmp_path / "exp.onnx"
+    onnx.save(BROKEN_IN_F16["exp_overflow"]().model, str(src))
+    result = rlx(src, "-p", "always-f16", "--no-screen", "-o", tmp_path / "o.onnx", "--provider", "cpu", "-q",
+                 "--localize", "--report-md", tmp_path / "r.md", "--report-html", tmp_path / "r.html")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlx-amp: next: ") and "--repair" in last and "--keep-f32-node" in last
+    assert len(last) <= 160
+    assert "> **Next:**" in (tmp_path / "r.md").read_text()
+    assert "<strong>Next:</strong>" in (tmp_path / "r.html").read_text()
+    passing = rlx(src, "-p", "always-f16", "-o", tmp_path / "ok.onnx", "--provider", "cpu", "-q")
+    assert passing.returncode == 0 and "next:" not in passing.stderr
+
+
+def test_an_unverified_model_ends_with_the_option_that_gives_its_inputs(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Cast", ["n"], ["y"], to=TensorProto.FLOAT)], "g",
+                              [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    src = tmp_path / "n.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(src))
+    result = rlx(src, "-o", tmp_path / "o.onnx", "--provider", "cpu", "-q")
+    assert result.returncode == 4
+    assert result.stderr.strip().splitlines()[-1].startswith("rlx-amp: next: ")
+    assert "--input-range n:LO,HI" in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_json_says_where_and_how_it_was_made(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(HEALTHY["conv_net"]().model, str(src))
+    assert rlx(src, "-o", tmp_path / "o.onnx", "--provider", "cpu", "-q", "--report-json", tmp_path / "r.json").returncode == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert list(data)[:2] == ["schema_version", "run"]
+    run = data["run"]
+    assert run["provider"] == "cpu" and run["target"] == "cuda" and run["seconds"] > 0
+    assert run["rlx_amp"] and run["onnx"] and run["onnxruntime"] and run["numpy"]
+    assert run["command"][0] == "rlx-amp" and str(tmp_path / "r.json") in run["command"]
+    assert run["started"].endswith("+00:00")
+
+
+def test_merge_reports_reads_a_shard_once(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(HEALTHY["conv_net"]().model, str(src))
+    assert rlx(src, "-o", tmp_path / "o.onnx", "--provider", "cpu", "-q", "--report-json", tmp_path / "a.json").returncode == 0
+    shutil.copy(tmp_path / "a.json", tmp_path / "copy.json")
+    for again in (tmp_path / "a.json", tmp_path / "copy.json"):
+        result = rlx("merge-reports", tmp_path / "a.json", again, "-q")
+        assert result.returncode == 2
+        [line] = result.stderr.strip().splitlines()
+        assert str(again) in line and str(tmp_path / "a.json") in line and "once" in line
+
+
+@pytest.mark.parametrize("command", ["convert", "verify", "inspect", "merge-reports"])
+def test_every_help_lists_its_exit_codes_and_an_example(command: str) -> None:
+    result = rlx(command, "--help")
+    assert result.returncode == 0
+    assert "Exit code" in result.stdout and "rlx-amp " in result.stdout.split("Example")[1]
+    if command == "convert":
+        assert "export directory" in result.stdout and " 5 " in result.stdout
+
+
+def test_version_imports_no_onnx() -> None:
+    """`--version` answers without onnx or onnxruntime (an import check, not a timer)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "rlx_onnx_amp", "--version"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().startswith("rlx-amp, version ")
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert "onnx" not in imported and "onnxruntime" not in imported and "click" not in imported
