@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from rlx_onnx_amp import exits
+from rlx_onnx_amp import __version__, exits
 
 NO_ONNXRUNTIME = (
     "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
@@ -59,8 +59,6 @@ def _stdout_closed() -> None:
 def _main(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:  # answered before onnx, onnxruntime and the command line load
-        from rlx_onnx_amp import __version__
-
         print(f"rlx-amp, version {__version__}")
         sys.exit(0)
     signal.signal(signal.SIGTERM, exits.raise_on_stop)
@@ -76,7 +74,10 @@ def _main(argv: list[str] | None) -> None:
                 if e.name != "onnxruntime":
                     raise
                 exits.fail(NO_ONNXRUNTIME, exits.EXIT_USAGE)
-            from rlx_onnx_amp.cli import main as command
+            import rlx_onnx_amp.cli as cli
+
+            command = cli.main
+            cli.COMMAND_LINE = ["rlx-amp", *args]  # for the reports' run.command
 
         stdout = sys.stdout
         try:
@@ -94,6 +95,8 @@ def _main(argv: list[str] | None) -> None:
             exits.fail(e.format_message(), e.exit_code)
         except click.Abort:  # click's name for Ctrl-C
             exits.fail("interrupted; nothing written", exits.EXIT_SIGINT)
+        finally:
+            cli.COMMAND_LINE = None  # a caller in this process runs the next command afresh
     except KeyboardInterrupt:
         exits.fail("interrupted; nothing written", exits.EXIT_SIGINT)
     except exits.Terminated:

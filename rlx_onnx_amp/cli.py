@@ -65,8 +65,7 @@ from rlx_onnx_amp.reports.text import (
 )
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification.inputs import GuessedAxesError, InputSpec, parse_range, parse_shape
-from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, resolve_provider
-from rlx_onnx_amp.verification.tolerance import Tolerances
+from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, resolve_provider, verify_options_from
 
 
 class _DefaultGroup(click.Group):
@@ -233,40 +232,6 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         f = option(f)
     return f
-
-
-def _make_verify_options(
-    provider: str,
-    emulate: bool | None,
-    inputs_path: str | None,
-    seed: int,
-    samples: int,
-    shapes: Sequence[str],
-    ranges: Sequence[str],
-    save_inputs: str | None,
-    atol: Sequence[str],
-    rtol_of_max: Sequence[str],
-    rtol: Sequence[str],
-    min_cosine: Sequence[str],
-    localize: bool,
-    latency_runs: int = 5,
-) -> VerifyOptions:
-    if not 0 <= seed < 2**63:
-        raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
-    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
-    options = VerifyOptions(
-        provider=provider,
-        emulate=emulate,
-        inputs=inputs_path,
-        spec=spec,
-        tolerance=Tolerances.parse(atol=atol, rtol=rtol, min_cosine=min_cosine, rtol_of_max=rtol_of_max),
-        localize=localize,
-        save_inputs=save_inputs,
-        latency_runs=latency_runs,
-    )
-    options.check()  # exit 2 before any work
-    return options
-
 
 
 def _plan_reports(
@@ -443,7 +408,7 @@ def convert_cmd(
         # The cost model costs a shape inference: only where something shows it, or the gate reads it.
         shown = not quiet or bool(report_json or report_md or report_html) or min_low_share is not None
         options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
-        verify_options = _make_verify_options(**verify_kwargs) if verifying else None
+        verify_options = verify_options_from(**verify_kwargs) if verifying else None
         if verify_options is not None:  # where the provider only stands in for the target, it says so
             verify_options = dataclasses.replace(verify_options, target=options.target.value)
         if repair_budget < 1:
@@ -505,9 +470,12 @@ def convert_cmd(
     _run_guarded(run, models, batch=len(models) > 1)
 
 
+#: The command line as given, for a report's `run` (set by `__main__`; else the process's).
+COMMAND_LINE: list[str] | None = None
+
+
 def _command() -> list[str]:
-    """The command line as given, for a report's `run`."""
-    return ["rlx-amp", *sys.argv[1:]]
+    return COMMAND_LINE or ["rlx-amp", *sys.argv[1:]]
 
 
 def _say_next(results: Sequence[ModelResult]) -> None:
@@ -632,7 +600,7 @@ def verify_cmd(
         # inspect and merge-reports do not load its modules.
         from rlx_onnx_amp.verification.core import verify
 
-        verify_options = dataclasses.replace(_make_verify_options(**verify_kwargs), target=target)
+        verify_options = dataclasses.replace(verify_options_from(**verify_kwargs), target=target)
         paths = RunPaths()
         plan_model_reads(paths, reference, "reference model")
         plan_model_reads(paths, candidate, "candidate model")

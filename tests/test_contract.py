@@ -49,7 +49,8 @@ def test_batch_converts_every_model_it_can(tmp_path: Path) -> None:
     assert "1 of 3 models passed; failed: " in result.stdout
     data = json.loads((tmp_path / "r.json").read_text())
     assert [m["model"] for m in data["models"]] == [str(good), str(drifting)]
-    assert data["failed"] == [{"model": str(broken), "error": result.stderr.split("rlx-amp: error: ")[1].strip(), "exit_code": 2}]
+    error = next(line for line in result.stderr.splitlines() if line.startswith("rlx-amp: error: "))
+    assert data["failed"] == [{"model": str(broken), "error": error.removeprefix("rlx-amp: error: "), "exit_code": 2}]
     assert data["passed"] is False and data["exit_code"] == 2
     md = (tmp_path / "r.md").read_text()
     assert "**ERROR**" in md and "broken.onnx" in md and "**FAIL**" in md

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlx_onnx_amp.cost import Cost, short_count
@@ -580,19 +581,19 @@ def next_step(results: Sequence[ModelResult]) -> str | None:
     """What to do next, in one line, after a run that did not pass (drift, a gate, no verdict);
     None when every model passed."""
     for r in results:
-        v = r.verify
+        v, name = r.verify, Path(r.model).name  # the name keeps the line short; the path is above
         if v is not None and not v.passed:
             first = v.localized[0].node if v.localized else None
             if r.conversion is None:  # the verify command: the candidate is someone else's
-                return f"{v.candidate}: rerun with --localize to name the nodes where drift starts"
+                return f"{Path(v.candidate).name}: rerun with --localize to name the nodes where drift starts"
             if r.repair is not None:
-                return f"{r.model}: the repair ran out of evaluations: raise --repair-budget, or --keep-f32-node NAME"
+                return f"{name}: the repair ran out of evaluations: raise --repair-budget, or --keep-f32-node NAME"
             if first is not None:
-                return f"{r.model}: add --repair (or --policy auto), or --keep-f32-node {first}: drift starts there"
-            return f"{r.model}: add --repair (or --policy auto) to keep drifting nodes in f32; --localize names them"
+                return f"{name}: add --repair (or --policy auto), or --keep-f32-node {first}: drift starts there"
+            return f"{name}: add --repair (or --policy auto) to keep drifting nodes in f32; --localize names them"
         if r.gate is not None and not r.gate.passed:
-            return f"{r.model}: --policy auto keeps the most compute low that passes the verdict"
+            return f"{name}: --policy auto keeps the most compute low that passes the verdict"
         if r.unverified is not None:
             give = r.unverified[r.unverified.find("give ") :] if "give " in r.unverified else ""
-            return f"{r.model}: " + (give or "give its inputs with --inputs FILE.npz, or sizes with --shape NAME:DIMS")
+            return f"{name}: " + (give or "give its inputs with --inputs FILE.npz, or sizes with --shape NAME:DIMS")
     return None

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.verification.inputs import InputSpec
+from rlx_onnx_amp.verification.inputs import InputSpec, parse_range, parse_shape
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
@@ -98,3 +98,37 @@ def session_threads(count: int) -> Iterator[None]:
         yield
     finally:
         _SESSION_THREADS.reset(token)
+
+
+def verify_options_from(
+    provider: str,
+    emulate: bool | None,
+    inputs_path: str | None,
+    seed: int,
+    samples: int,
+    shapes: Sequence[str],
+    ranges: Sequence[str],
+    save_inputs: str | None,
+    atol: Sequence[str],
+    rtol_of_max: Sequence[str],
+    rtol: Sequence[str],
+    min_cosine: Sequence[str],
+    localize: bool,
+    latency_runs: int = 5,
+) -> VerifyOptions:
+    """The options the command line's verify flags give, checked before any work (exit 2)."""
+    if not 0 <= seed < 2**63:
+        raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
+    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
+    options = VerifyOptions(
+        provider=provider,
+        emulate=emulate,
+        inputs=inputs_path,
+        spec=spec,
+        tolerance=Tolerances.parse(atol=atol, rtol=rtol, min_cosine=min_cosine, rtol_of_max=rtol_of_max),
+        localize=localize,
+        save_inputs=save_inputs,
+        latency_runs=latency_runs,
+    )
+    options.check()  # exit 2 before any work
+    return options
