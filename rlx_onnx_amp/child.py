@@ -13,6 +13,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+from rlx_onnx_amp.exits import signals_deferred
+
 __all__ = ["START_METHOD", "ChildCrashed", "ChildTimeout", "run_in_child"]
 
 T = TypeVar("T")
@@ -48,8 +50,11 @@ def run_in_child(fn: Callable[..., T], *args: Any, timeout: float | None = None)
     if START_METHOD == "forkserver":
         context.set_forkserver_preload(_PRELOAD)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, fn, args), daemon=True)  # type: ignore[attr-defined]
-    child.start()
+    # Starting the first child imports multiprocessing's fork server modules: a stop signal inside
+    # an import lock's callback would be "Exception ignored" and printed, so it waits for the start.
+    with signals_deferred():
+        child = context.Process(target=_child, args=(send, fn, args), daemon=True)  # type: ignore[attr-defined]
+        child.start()
     send.close()  # the child holds the only writer: its death is the pipe's end
     try:
         if not receive.poll(timeout):

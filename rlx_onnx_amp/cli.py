@@ -221,6 +221,15 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Compare every shared intermediate tensor and name the first nodes where drift jumps.",
         ),
         click.option(
+            "--task",
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "classify", "embed", "none"]),
+            help="What the verdict judges: classify (the class per row, near-ties set apart), embed (the "
+            "lowest per-row cosine), none (element-wise only); auto picks from the output names (logits, "
+            "embeddings) and says so. Element-wise figures stay as diagnostics.",
+        ),
+        click.option(
             "--latency-runs",
             default=5,
             show_default=True,
@@ -509,6 +518,7 @@ _VERIFY_ONLY = {
     "min_cosine": "--min-cosine",
     "localize": "--localize",
     "latency_runs": "--latency-runs",
+    "task": "--task",
 }
 
 

@@ -83,7 +83,7 @@ def _variant(tmp_path: Path, name: str, model: str, **options: Any) -> Path:
 def _comparable(report: dict[str, Any]) -> dict[str, Any]:
     """A report without the paths it names (the pass's are in Olive's cache)."""
     report = json.loads(json.dumps(report))
-    report.pop("model"), report.pop("output")
+    report.pop("model"), report.pop("output"), report.pop("run", None)  # run: the CLI's own command line
     for key in ("reference", "candidate", "latency"):  # latency: timings differ from run to run
         (report.get("verify") or {}).pop(key, None)
     return report

@@ -53,6 +53,7 @@ from rlx_onnx_amp.reports.text import (
     required_tolerances,
     size_ratio,
     speedup,
+    task_line,
     worst_score,
 )
 
@@ -211,6 +212,9 @@ def _verify_section(v: Verification, figures: _Figures) -> list[str]:
         f"({_e(', '.join(v.providers_used))}){_e(emulated)}. Seed {v.seed}, {v.samples} input set(s).</p>",
         f"<p>{_e(criterion_line(v))}.<br><span class='muted'>Criterion: {_e(v.criterion)}.</span></p>",
     ]
+    task = task_line(v)
+    if task:
+        out.append(f"<p><strong>{_e(task[0].upper() + task[1:])}.</strong></p>")
     note = constant_note(v)
     if note:
         out.append(f"<p><strong>Note</strong>: {_e(note)}.</p>")

@@ -54,6 +54,8 @@ __all__ = [
     "RepairStep",
     "Run",
     "Sample",
+    "TaskResult",
+    "TaskVerdict",
     "TracePoint",
     "Verification",
     "batch_json",
@@ -351,6 +353,34 @@ class TracePoint(_Record):
 
 
 @dataclass(frozen=True)
+class TaskResult(_Record):
+    """One output judged by its task (`verification.task`): for `classify`, the share of rows
+    whose class (top-1) and top-5 agree, over the rows that are no near-tie in the reference
+    (`set_apart`: their top-2 margin is within the tolerance); for `embed`, the lowest per-row
+    cosine (`set_apart`: rows of zeros)."""
+
+    output: str
+    task: str
+    rows: int
+    set_apart: int
+    top1_agreement: float | None
+    top5_agreement: float | None
+    min_cosine: float | None
+    passed: bool
+
+
+@dataclass(frozen=True)
+class TaskVerdict(_Record):
+    """The verdict on the task: it decides `Verification.passed` (the element-wise figures are
+    diagnostics then); `chosen_by` says how the task was picked."""
+
+    task: str
+    chosen_by: str
+    passed: bool
+    outputs: tuple[TaskResult, ...]
+
+
+@dataclass(frozen=True)
 class Latency(_Record):
     """The reference's and the candidate file's median time per inference over `runs` warm
     runs on the first input set, on `provider` (the one the verification ran on, which may
@@ -397,6 +427,7 @@ class Verification(_Record):
     localized: tuple[Localized, ...] | None
     localize_trace: tuple[TracePoint, ...] | None
     latency: Latency | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    task: TaskVerdict | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
 
     @property
     def constant_outputs(self) -> dict[str, float]:

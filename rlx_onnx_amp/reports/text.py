@@ -261,8 +261,32 @@ def drift_rows(v: Verification) -> list[list[str]]:
 
 def failed_verdict(v: Verification) -> str:
     """The one line `-q` prints for a failing verification: each failing output and its checks."""
-    failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in v.outputs if not o.passed]
+    if v.task is not None:
+        failed = [f"{t.output} ({t.task})" for t in v.task.outputs if not t.passed]
+    else:
+        failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in v.outputs if not o.passed]
     return f"FAILED {v.candidate}: {'; '.join(failed) or 'no output compared'}"
+
+
+def task_line(v: Verification) -> str | None:
+    """The task verdict in one line (it decides the verdict; the element-wise rows are then
+    diagnostics); None where no task was judged."""
+    t = v.task
+    if t is None:
+        return None
+    parts = []
+    for r in t.outputs:
+        if r.task == "classify":
+            judged = f"top-1 {percent(r.top1_agreement)}, top-5 {percent(r.top5_agreement)} of {r.rows} rows"
+            apart = f" ({r.set_apart} near-ties set apart)" if r.set_apart else ""
+        else:
+            judged = f"lowest row cosine {_cosine(r.min_cosine)} of {r.rows} rows"
+            apart = f" ({r.set_apart} zero rows set apart)" if r.set_apart else ""
+        parts.append(f"{r.output} {'PASS' if r.passed else 'FAIL'}: {judged}{apart}")
+    return (
+        f"task {t.task} ({t.chosen_by}): {'PASSED' if t.passed else 'FAILED'}; {'; '.join(parts)}; "
+        "the element-wise rows above are diagnostics"
+    )
 
 
 def required_tolerances(o: OutputResult) -> str | None:
@@ -283,6 +307,7 @@ def required_tolerances(o: OutputResult) -> str | None:
 
 
 def criterion_line(v: Verification) -> str:
+    """The verdict and the tolerances it was judged by (the task's verdict where one was judged)."""
     rtol = v.rtol.get("")
     tolerances = f"atol {v.atol['']:g}, rtol_of_max {v.rtol_of_max['']:g}"
     if rtol is not None:
@@ -319,6 +344,9 @@ def verify_table(v: Verification, verbose: bool = False) -> str:
         lines += ["", "first nodes where drift starts:", table(*localized_table(v.localized))]
     lines.append(criterion_line(v))
     lines.append(f"criterion: {v.criterion}")
+    task = task_line(v)
+    if task:
+        lines.append(task)
     note = constant_note(v)
     if note:
         lines.append(f"note: {note}")
@@ -416,6 +444,9 @@ def _verified_md(r: ModelResult) -> list[str]:
         criterion_line(v) + f". Seed {v.seed}, {v.samples} input set(s).",
         "",
     ]
+    task = task_line(v)
+    if task:
+        out += [task[0].upper() + task[1:] + ".", ""]
     note = constant_note(v)
     if note:
         out += [f"> Note: {note}.", ""]

@@ -25,7 +25,7 @@ from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.child import ChildCrashed, run_in_child
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
-from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TracePoint, Verification
+from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TaskVerdict, TracePoint, Verification
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Progress,
@@ -40,6 +40,7 @@ from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
 from rlx_onnx_amp.verification.metrics import compare_arrays
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.task import choose_task, judge_task
 
 __all__ = ["Judgement", "Verifier", "verify"]
 
@@ -53,9 +54,12 @@ class Judgement:
 
     compared: Compared  # its session released
     drifts: list[OutputResult]
+    task: TaskVerdict | None = None  # where a task is judged, it decides
 
     @property
     def passed(self) -> bool:
+        if self.task is not None:
+            return self.task.passed
         return bool(self.drifts) and all(d.passed for d in self.drifts)
 
     @property
@@ -124,12 +128,13 @@ class Verifier:
         )
         runs = run_each(compared, ref.samples, ref.output_names, progress, "running the candidate")
         compared.release()
-        drifts = [
-            compare_arrays(name, r, c, self.options.tolerance.for_output(name, compared.precision))
-            for name, (r, c) in _paired(ref.runs, runs, ref.output_names).items()
-        ]
+        pairs = _paired(ref.runs, runs, ref.output_names)
+        tolerances = {name: self.options.tolerance.for_output(name, compared.precision) for name in pairs}
+        drifts = [compare_arrays(name, r, c, tolerances[name]) for name, (r, c) in pairs.items()]
         drifts.sort(key=lambda o: (o.passed, o.name))
-        return Judgement(compared, drifts)
+        task, named, chosen_by = choose_task(self.options.task, {n: np.shape(r) for n, (r, _) in pairs.items()})
+        verdict = judge_task(task, chosen_by, {n: pairs[n] for n in named}, tolerances)
+        return Judgement(compared, drifts, verdict)
 
     def localize(
         self, judgement: Judgement, top: int, trace: list[TracePoint] | None = None
@@ -204,6 +209,7 @@ class Verifier:
             localized=localized,
             localize_trace=tuple(trace) if trace is not None else None,
             latency=latency,
+            task=judgement.task,
         )
 
     def _run_written(self, cand_path: Path, cand_label: str) -> tuple[float | None, str | None]:

@@ -53,6 +53,9 @@ class VerifyOptions:
     #: verification runs on. A written model that cannot run on the provider at hand is an
     #: error (exit 3) there; where that provider only stands in for the target, a warning.
     target: str | None = None
+    #: What the verdict judges (`verification.task`): "auto" picks from the output names,
+    #: "classify", "embed", or "none" (element-wise only).
+    task: str = "auto"
 
     def check(self, option: Callable[[str], str] = "--{}".format) -> None:
         """Raise InputError for what makes these options unusable, before any work: no sample
@@ -115,6 +118,7 @@ def verify_options_from(
     min_cosine: Sequence[str],
     localize: bool,
     latency_runs: int = 5,
+    task: str = "auto",
 ) -> VerifyOptions:
     """The options the command line's verify flags give, checked before any work (exit 2)."""
     if not 0 <= seed < 2**63:
@@ -129,6 +133,7 @@ def verify_options_from(
         localize=localize,
         save_inputs=save_inputs,
         latency_runs=latency_runs,
+        task=task,
     )
     options.check()  # exit 2 before any work
     return options

@@ -1,0 +1,85 @@
+"""Verdicts on the task (issue 39): where the element-wise check and the task disagree, the task
+decides. A classifier whose logits drift past the element-wise bound but keep every class
+passes; one whose class flips on a row that is no near-tie fails though element-wise passes at
+the first step; an embedding is judged by its worst row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from rlx_onnx_amp.reports.record import TaskVerdict
+from rlx_onnx_amp.verification.task import Task, choose_task, judge_task
+from rlx_onnx_amp.verification.tolerance import Tolerance
+from tests.helpers import rlx
+
+TOL = Tolerance(atol=1e-2, rtol_of_max=1e-2, min_cosine=0.999)
+
+
+def _verdict(task: Task, r: np.ndarray, c: np.ndarray) -> TaskVerdict:
+    verdict = judge_task(task, "--task", {"y": (r, c)}, {"y": TOL})
+    assert verdict is not None
+    return verdict
+
+
+def test_classify_judges_the_class_per_row_and_sets_near_ties_apart() -> None:
+    r = np.array([[5.0, 1.0, 0.0], [2.0, 2.001, 0.0], [0.0, 3.0, 1.0]])
+    moved = r + np.array([[0.9, 0.0, 0.0], [0.0, -0.01, 0.0], [0.0, 0.0, 0.0]])  # big drift, class kept; a tie flips
+    v = _verdict(Task.CLASSIFY, r, moved)
+    assert v.passed and v.outputs[0].set_apart == 1 and v.outputs[0].top1_agreement == 1.0
+    flipped = r.copy()
+    flipped[2] = [0.0, 1.0, 3.0]  # a clear class turned
+    v = _verdict(Task.CLASSIFY, r, flipped)
+    assert not v.passed and v.outputs[0].top1_agreement == 0.5
+
+
+def test_embed_judges_the_worst_row_not_the_whole_tensor() -> None:
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((64, 16))
+    c = r.copy()
+    c[7] = -r[7]  # one row turned around: the cosine over the whole tensor is still 0.97
+    v = _verdict(Task.EMBED, r, c)
+    assert not v.passed and v.outputs[0].min_cosine is not None and v.outputs[0].min_cosine < -0.99
+    assert _verdict(Task.EMBED, r, r * 1.001).passed
+
+
+def test_auto_picks_the_task_from_the_output_names_and_says_so() -> None:
+    assert choose_task("auto", {"logits": (1, 8, 32)}) == (Task.CLASSIFY, ("logits",), "auto: output 'logits'")
+    assert choose_task("auto", {"last_hidden_state": (1, 8, 16)})[0] is Task.EMBED
+    assert choose_task("auto", {"y": (2, 3)}) == (Task.NONE, (), "auto: no output names a task")
+    assert choose_task("classify", {"y": (2, 3)})[1] == ("y",)
+
+
+def _logits_model(scale: float) -> onnx.ModelProto:
+    """logits = x @ W * scale: a large scale moves every logit past the element-wise bound in
+    f16 while the class of each row stays (the rows are far from ties)."""
+    w = np.zeros((4, 6), np.float32)
+    for i in range(4):
+        w[i, i] = 1.0 + i
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], ["logits"])], "clf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [8, 6])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(scale, np.float32), "s")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_the_task_decides_the_exit_code_where_element_wise_would_fail(tmp_path: Path) -> None:
+    src = tmp_path / "clf.onnx"
+    onnx.save(_logits_model(3.0), str(src))
+    strict = ("--atol", "1e-6", "--rtol-of-max", "0", "--min-cosine", "1")  # element-wise fails any f16 rounding
+    none = rlx(src, "-p", "always-f16", "-o", tmp_path / "a.onnx", "--provider", "cpu", "--task", "none", *strict,
+               "-q", "--report-json", tmp_path / "none.json")
+    assert none.returncode == 1
+    auto = rlx(src, "-p", "always-f16", "-o", tmp_path / "b.onnx", "--provider", "cpu", *strict,
+               "--report-json", tmp_path / "auto.json")
+    assert auto.returncode == 0, auto.stderr
+    verify = json.loads((tmp_path / "auto.json").read_text())["verify"]
+    assert verify["passed"] and verify["task"]["task"] == "classify" and verify["task"]["chosen_by"] == "auto: output 'logits'"
+    assert not verify["outputs"][0]["passed"]  # the element-wise row stays, as a diagnostic
+    assert "task classify (auto: output 'logits'): PASSED" in auto.stdout
