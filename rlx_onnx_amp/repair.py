@@ -317,7 +317,8 @@ class _Search:
         e = Evaluation(len(self.history), stage, dict(keep), passed, score)
         self.history.append(e)
         if self.progress:
-            self.progress(f"{stage}: {len(keep)} kept, {'pass' if passed else 'fail'} (score {score:.3g})")
+            done = f"{self.ev.evaluations}/{self.budget}"  # k/N: how far into its budget
+            self.progress(f"{done} {stage}: {len(keep)} kept, {'pass' if passed else 'fail'} (score {score:.3g})")
         return e
 
     def bisect(self, keep: dict[str, str], pool: list[str]) -> Evaluation | None:

@@ -88,3 +88,14 @@ def test_version_imports_no_onnx() -> None:
     assert out.returncode == 0 and out.stdout.strip().startswith("rlx-amp, version ")
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "onnx" not in imported and "onnxruntime" not in imported and "click" not in imported
+
+
+def test_repair_counts_its_evaluations_and_the_summary_defines_its_words(tmp_path: Path) -> None:
+    src = tmp_path / "exp.onnx"
+    onnx.save(BROKEN_IN_F16["exp_overflow"]().model, str(src))
+    result = rlx(src, "-p", "always-f16", "--repair", "-o", tmp_path / "o.onnx", "--provider", "cpu",
+                 "--report-md", tmp_path / "r.md")
+    assert result.returncode == 0, result.stderr
+    steps = [line for line in result.stderr.splitlines() if line.startswith("repair: ")]
+    assert steps and steps[0].startswith("repair: 1/24 policy:")  # k/N: evaluations into the budget
+    assert "*worst score*: the worst output's distance from passing" in (tmp_path / "r.md").read_text()

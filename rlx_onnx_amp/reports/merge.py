@@ -29,7 +29,7 @@ from rlx_onnx_amp.reports.record import (
     Verification,
     batch_json,
 )
-from rlx_onnx_amp.reports.text import SUMMARY_COLUMNS, size_ratio, speedup
+from rlx_onnx_amp.reports.text import SUMMARY_COLUMNS, SUMMARY_LEGEND, size_ratio, speedup
 
 __all__ = ["MergedReport", "merge_reports", "merged_markdown", "read_report"]
 
@@ -157,6 +157,7 @@ def merged_markdown(merged: MergedReport) -> str:
         for o in (r.verify.outputs if r.verify is not None else ())
         if not o.passed
     ]
+    out += ["", SUMMARY_LEGEND]
     if why:
         out += ["", "Failing outputs:", "", *why]
     return "\n".join(out) + "\n"

@@ -392,6 +392,15 @@ SUMMARY_COLUMNS = (
 )
 
 
+#: What the summary's words mean, where the summary is (Markdown, merge-reports).
+SUMMARY_LEGEND = (
+    "*worst score*: the worst output's distance from passing (its max_abs over the bound it was judged "
+    "against, and the like; at most 1 passes); *MACs low*: the written model's multiply-accumulates in "
+    "f16, bf16 or a quantized class; *size*: its files' bytes over the input's; *speed-up*: the original's "
+    "time per inference over the written model's, on the provider the check ran on."
+)
+
+
 def verify_markdown(results: Sequence[ModelResult]) -> str:
     """A Markdown summary for a CI job's summary page: each verified model (with its conversion
     and repair where it has them), and the models that could not be converted."""
@@ -422,7 +431,7 @@ def verify_markdown(results: Sequence[ModelResult]) -> str:
         )
     summary += [[f"`{f.model}`", "**ERROR**", "-", "-", "-", "-", "-", f.error, "-", "-", "-"] for f in failed]
     out += _md_table(SUMMARY_COLUMNS, summary)
-    out.append("")
+    out += ["", SUMMARY_LEGEND, ""]
     for r in verified:
         out += _verified_md(r)
     out += ["### Columns", "", *(f"- **{c.header}**: {c.legend}" for c in DRIFT_COLUMNS), ""]
