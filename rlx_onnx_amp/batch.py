@@ -563,6 +563,8 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult
             outputs.commit()
         for rel in export.others:
             staged.copy(src / rel, rel)
+        for rel in export.empty_dirs:
+            staged.make_dir(rel)
         check_cache_types(staged.root, export.models)
         staged.commit()
     return results

@@ -67,6 +67,8 @@ class ExportDir:
     models: list[Path] = field(default_factory=list)
     data: set[Path] = field(default_factory=set)  # external data the models read: rewritten, not copied
     others: list[Path] = field(default_factory=list)  # copied unchanged
+    #: Directories without a file (a sentence-transformers `2_Normalize/`): made again, empty.
+    empty_dirs: list[Path] = field(default_factory=list)
 
 
 def scan_export_dir(root: str | os.PathLike[str]) -> ExportDir:
@@ -74,7 +76,7 @@ def scan_export_dir(root: str | os.PathLike[str]) -> ExportDir:
     of it, and a directory without a model is bad input."""
     base = Path(root)
     found = ExportDir(base)
-    for path in sorted(_files(base)):
+    for path in sorted(_files(base, found.empty_dirs)):
         (found.models if path.suffix == ".onnx" else found.others).append(path)
     if not found.models:
         raise InputError(f"{base}: no .onnx model in the directory")
@@ -89,9 +91,12 @@ def scan_export_dir(root: str | os.PathLike[str]) -> ExportDir:
     return found
 
 
-def _files(base: Path) -> Iterator[Path]:
+def _files(base: Path, empty_dirs: list[Path]) -> Iterator[Path]:
+    """The files under `base`, relative to it; the directories that hold nothing go to `empty_dirs`."""
     for directory, subdirs, files in os.walk(base):
         subdirs[:] = [d for d in subdirs if not d.startswith((STAGE_PREFIX, _OLD_PREFIX))]
+        if not subdirs and not files and Path(directory) != base:
+            empty_dirs.append(Path(directory).relative_to(base))
         for name in files:
             path = Path(directory) / name
             if path.is_symlink() and not path.resolve().is_relative_to(base.resolve()):
@@ -124,6 +129,9 @@ class StagedDirectory:
         staged = self.root / rel
         staged.parent.mkdir(parents=True, exist_ok=True)
         return staged
+
+    def make_dir(self, rel: Path) -> None:
+        (self.root / rel).mkdir(parents=True, exist_ok=True)
 
     def copy(self, source: Path, rel: Path) -> None:
         try:

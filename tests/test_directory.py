@@ -254,3 +254,14 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
         assert got["tokens"] == want["tokens"]
         a, b = (np.asarray(r["first_logits"], dtype=np.float64).ravel() for r in (want, got))
     assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.999
+
+
+def test_an_empty_sub_folder_is_made_again(tmp_path: Path) -> None:
+    """A sentence-transformers export holds an empty `2_Normalize/`: its loader wants it there."""
+    export = _export_dir(tmp_path)
+    (export / "2_Normalize").mkdir()
+    out = tmp_path / "out"
+    result = rlx(export, "-p", "always-f16", "-o", out, "-q", "--provider", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert (out / "2_Normalize").is_dir() and not list((out / "2_Normalize").iterdir())
+    assert (out / "decoder_model.onnx").is_file()
