@@ -188,9 +188,8 @@ class ConvertJob:
         options = s.options
         if reference is not None:
             # The MACs are counted at the shapes the verification runs (`--shape` first).
-            run_shapes = {k: tuple(v.shape) for k, v in reference.samples[0].items()}
             options = dataclasses.replace(
-                options, value_ranges=reference.value_ranges, shapes={**run_shapes, **options.shapes}
+                options, value_ranges=reference.value_ranges, shapes={**reference.shapes(), **options.shapes}
             )
         with Progress(f"converting {Path(src).name}", enabled=not s.quiet) as progress:
             staged = stage_conversion(

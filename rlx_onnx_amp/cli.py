@@ -66,6 +66,7 @@ from rlx_onnx_amp.reports.text import (
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification.inputs import GuessedAxesError, InputSpec, parse_range, parse_shape
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, resolve_provider, verify_options_from
+from rlx_onnx_amp.verification.task import TASKS
 
 
 class _DefaultGroup(click.Group):
@@ -224,7 +225,7 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--task",
             default="auto",
             show_default=True,
-            type=click.Choice(["auto", "classify", "embed", "none"]),
+            type=click.Choice(TASKS),
             help="What the verdict judges: classify (the class per row, near-ties set apart), embed (the "
             "lowest per-row cosine), none (element-wise only); auto picks from the output names (logits, "
             "embeddings) and says so. Element-wise figures stay as diagnostics.",

@@ -34,7 +34,7 @@ import onnx
 
 from rlx_onnx_amp.errors import first_line
 from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
-from rlx_onnx_amp.taxonomy import canonical_domain
+from rlx_onnx_amp.taxonomy import DEQUANTIZE_STEPS, canonical_domain
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import all_graphs, all_tensors, concrete_input_shape, structure_copy
 
@@ -201,8 +201,9 @@ QUANTIZED_COMPUTE: Mapping[tuple[str, str], tuple[Callable[[onnx.NodeProto], str
 }
 #: Float Compute ops whose weight (this input) may come through a dequantization.
 _WEIGHT_INPUT = {("", "MatMul"): 1, ("", "Gemm"): 1, ("", "Conv"): 1, ("com.microsoft", "FusedMatMul"): 1}
-#: What a dequantization passes its weight through between the integer tensor and the compute.
-_DEQUANTIZE_STEPS = frozenset({"Mul", "Sub", "Add", "Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze"})
+#: Walking up from a weight to its integer tensor: the dequantization's steps, and the float
+#: Casts a conversion puts between them.
+_DEQUANTIZE_WALK = DEQUANTIZE_STEPS | {"Cast"}
 
 
 def _dequantized_class(name: str, producers: Mapping[str, onnx.NodeProto], types: Mapping[str, int]) -> str | None:
@@ -216,7 +217,7 @@ def _dequantized_class(name: str, producers: Mapping[str, onnx.NodeProto], types
             return _INTEGER_CLASSES.get(types.get(node.input[0], 0))
         if node.op_type == "Cast" and types.get(node.input[0], 0) in _INTEGER_CLASSES:
             return _INTEGER_CLASSES[types[node.input[0]]]
-        if node.op_type not in _DEQUANTIZE_STEPS:
+        if node.op_type not in _DEQUANTIZE_WALK:
             return None
         name = node.input[0]
     return None

@@ -31,6 +31,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.taxonomy import (
     DEFAULT_DOMAINS,
+    DEQUANTIZE_STEPS,
     SOURCE_VALUE_ATTRIBUTES,
     OpKind,
     canonical_domain,
@@ -219,7 +220,7 @@ class NumericFacts:
         if self._dequantized is None:
             self._dequantized = {}
             for path, graph in self._graphs:
-                self._dequantized.update(_dequantized_in(graph, path))
+                self._dequantized.update(_dequantized_in(graph, path, self._consumers_of(graph)))
         return self._dequantized
 
     def shape_values(self) -> frozenset[str]:
@@ -230,7 +231,7 @@ class NumericFacts:
         if self._shape_values is None:
             found: set[str] = set()
             for path, graph in self._graphs:
-                found |= _shape_values_in(graph, path)
+                found |= _shape_values_in(graph, path, self._consumers_of(graph))
             self._shape_values = frozenset(found)
         return self._shape_values
 
@@ -463,24 +464,18 @@ def _read_in_bodies(graph: GraphProto) -> set[str]:
     return {name for node in graph.node for _, body in subgraphs(node) for name in names_read(body)}
 
 
-#: What a weight-only dequantization passes its weight through between the integer tensor and
-#: the Compute node: the zero point, the scale, and the reshaping to the weight's layout.
-DEQUANTIZE_STEPS = frozenset({"Mul", "Sub", "Add", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
 _INTEGER_WEIGHTS = frozenset({
     TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT16, TensorProto.UINT16,
 })
 
 
-def _dequantized_in(graph: GraphProto, path: str) -> dict[str, frozenset[tuple[str, str]]]:
-    """`NumericFacts.dequantized` for one graph."""
+def _dequantized_in(
+    graph: GraphProto, path: str, consumers: Mapping[str, list[tuple[NodeProto, int]]]
+) -> dict[str, frozenset[tuple[str, str]]]:
+    """`NumericFacts.dequantized` for one graph whose readers are `consumers`."""
     integers = {t.name for t in graph.initializer if t.data_type in _INTEGER_WEIGHTS}
     if not integers:
         return {}
-    readers: dict[str, list[NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name:
-                readers.setdefault(name, []).append(node)
     starts = [
         node.output[0]
         for node in graph.node
@@ -495,7 +490,7 @@ def _dequantized_in(graph: GraphProto, path: str) -> dict[str, frozenset[tuple[s
             return finals[value]
         finals[value] = None  # a cycle cannot happen in a valid graph; this guards the walk
         found: set[tuple[str, str]] = set()
-        for reader in readers.get(value, ()):
+        for reader, _ in consumers.get(value, ()):
             key = (canonical_domain(reader.domain), reader.op_type)
             if key[0] == "" and reader.op_type in DEQUANTIZE_STEPS and reader.output:
                 below = feeds(reader.output[0])
@@ -520,14 +515,10 @@ _INTEGER_TYPES = frozenset({
 })
 
 
-def _shape_values_in(graph: GraphProto, path: str) -> set[str]:
-    """`NumericFacts.shape_values` for one graph (its outputs are never shape values: a graph
-    output is read by whoever runs the model)."""
-    readers: dict[str, list[NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name:
-                readers.setdefault(name, []).append(node)
+def _shape_values_in(graph: GraphProto, path: str, consumers: Mapping[str, list[tuple[NodeProto, int]]]) -> set[str]:
+    """`NumericFacts.shape_values` for one graph whose readers are `consumers` (its outputs are
+    never shape values: a graph output is read by whoever runs the model)."""
+    readers = {name: [node for node, _ in read] for name, read in consumers.items()}
     outputs = {o.name for o in graph.output}
     known: dict[str, bool] = {}
 

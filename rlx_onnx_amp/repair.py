@@ -70,7 +70,7 @@ from rlx_onnx_amp.verification.core import Judgement, Verifier
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.localize import expose_outputs
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
-from rlx_onnx_amp.verification.reference import Reference, choosing_sets, input_sets
+from rlx_onnx_amp.verification.reference import Reference, choosing_sets
 from rlx_onnx_amp.verification.screen import expose_body_values
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "Screen", "best_key", "magnitude_screen", "repair_file"]
@@ -457,18 +457,16 @@ def _repair(
         # `auto` starts where the plain command ends: the range screen of the same reference run
         # keeps what the low type cannot hold (rule range-screen) before the first evaluation.
         # With several input sets, only the first half (`choosing_sets`) steers it, screen included.
-        sets = len(input_sets(load_model(src), verify_options)) if resolved.searches else 0
         full = stack.enter_context(
             Verifier.prepare(
                 src, verify_options, screen=resolved.searches, scratch_prefix="rlx-amp-repair-",
-                screened_sets=choosing_sets(sets) if resolved.searches else None,
+                held_out=resolved.searches,
             )
         )
         reference = full.reference
         # The MACs are counted at the shapes the run uses.
-        run_shapes = {k: tuple(v.shape) for k, v in reference.samples[0].items()}
         ranges = reference.value_ranges or options.value_ranges
-        options = dataclasses.replace(options, shapes={**run_shapes, **options.shapes}, value_ranges=ranges)
+        options = dataclasses.replace(options, shapes={**reference.shapes(), **options.shapes}, value_ranges=ranges)
         choosing, confirming, held_out = full, full, None
         if resolved.searches and len(reference.samples) >= 2:
             # `auto` with several input sets: the first half steers the search, the rest confirm it.

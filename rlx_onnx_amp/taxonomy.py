@@ -14,6 +14,7 @@ __all__ = [
     "ANY_FLOAT_INPUTS",
     "ATTRIBUTE_TYPED_VARS",
     "DEFAULT_DOMAINS",
+    "DEQUANTIZE_STEPS",
     "FIXED_TYPE_OPS",
     "KERNEL_GAPS",
     "OP_KINDS",
@@ -565,3 +566,9 @@ VALUE_EXACT_OPS: frozenset[str] = frozenset(
 def copies_values(domain: str, op_type: str) -> bool:
     """Whether the op is one of `VALUE_EXACT_OPS` (default domain only)."""
     return op_type in VALUE_EXACT_OPS and domain in DEFAULT_DOMAINS
+
+
+#: What a weight-only dequantization passes its weight through between the integer tensor (its
+#: Cast to float, or its DequantizeLinear) and the Compute node: the zero point, the scale, and
+#: the reshaping to the weight's layout (`ranges.NumericFacts.dequantized`, `cost`).
+DEQUANTIZE_STEPS = frozenset({"Mul", "Sub", "Add", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})

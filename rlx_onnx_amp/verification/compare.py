@@ -69,7 +69,7 @@ class Session:
         # created (5.7 s of a 3.4 GB model's 5.7 s start-up); a verification runs each model on a
         # few input sets only, where unpacked weights, read from the mapped file, cost far less.
         opts.add_session_config_entry("session.disable_prepacking", "1")
-        providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+        providers = _with_cpu(provider)
         buffers = [_map_file(path) for path in (external or {}).values()]
         if buffers:
             opts.add_external_initializers_from_files_in_memory(
@@ -98,6 +98,11 @@ class Session:
         return dict(zip(names, values))
 
 
+def _with_cpu(provider: str) -> list[str]:
+    """onnxruntime's providers for a session on `provider`: it, with the CPU provider behind it."""
+    return [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+
+
 def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str) -> float:
     """Median milliseconds per inference of the model file at `path` on `provider` over `runs`
     warm runs (one untimed run first), with onnxruntime's default session options (graph
@@ -105,9 +110,8 @@ def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     opts.intra_op_num_threads = session_thread_count()
-    providers = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
     try:
-        session = ort.InferenceSession(str(path), opts, providers=providers)
+        session = ort.InferenceSession(str(path), opts, providers=_with_cpu(provider))
         inputs = {i.name: i.type for i in session.get_inputs()}
         typed = {k: _as_input_type(v, inputs[k]) for k, v in feeds.items() if k in inputs}
         session.run(None, typed)

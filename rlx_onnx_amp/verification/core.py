@@ -93,12 +93,12 @@ class Verifier:
         screen: bool = False,
         progress: Progress | None = None,
         scratch_prefix: str = "rlx-amp-verify-",
-        screened_sets: int | None = None,
+        held_out: bool = False,
     ) -> Verifier:
         """The verification of candidates against the model at `path`, its reference run made
         (`prepare_reference`); a reference that cannot run is its error (exit 2 or 3)."""
         try:
-            reference = prepare_reference(path, options, screen=screen, progress=progress, screened_sets=screened_sets)
+            reference = prepare_reference(path, options, screen=screen, progress=progress, held_out=held_out)
         except ReferenceUnavailable as e:
             raise e.error from None
         return cls(reference, options, scratch_prefix)

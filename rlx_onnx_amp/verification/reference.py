@@ -65,9 +65,13 @@ class Reference:
     output_names: list[str]
     providers_used: list[str]
     runs: list[dict[str, np.ndarray]]  # the graph outputs on every input set
-    #: Value name -> its range over every input set (empty unless screened).
+    #: Value name -> its range over the input sets screened (empty unless screened).
     value_ranges: dict[str, ValueRange] = field(default_factory=dict)
     screened: bool = False
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each input's shape in the first input set: what the run's cost model counts at."""
+        return {name: tuple(value.shape) for name, value in self.samples[0].items()}
 
 
 def prepare_reference(
@@ -76,10 +80,10 @@ def prepare_reference(
     *,
     screen: bool = False,
     progress: Progress | None = None,
-    screened_sets: int | None = None,
+    held_out: bool = False,
 ) -> Reference:
     """Load and run the reference on the verification's inputs; with `screen`, in the same run,
-    the range of every float value (over the first `screened_sets` input sets only, when given:
+    the range of every float value (with `held_out`, over the input sets that choose only:
     `choosing_sets`). Raises `ReferenceUnavailable` when it cannot run."""
     ref_path = Path(path)
     provider = resolve_provider(options.provider)
@@ -93,7 +97,7 @@ def prepare_reference(
     reference = Reference(ref_path, model, provider, samples, outputs, [], [])
     try:
         if screen:
-            _screened_run(reference, progress, len(samples) if screened_sets is None else screened_sets)
+            _screened_run(reference, progress, choosing_sets(len(samples)) if held_out else len(samples))
         else:
             session = Session(str(ref_path), provider, str(ref_path))
             reference.providers_used = session.session.get_providers()

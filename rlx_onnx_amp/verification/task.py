@@ -7,7 +7,7 @@ diagnostics. `choose_task` picks the task from the output names where `--task au
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -109,6 +109,3 @@ def _embed(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Toleran
     passed = lowest is None or lowest >= tol.min_cosine
     return TaskResult(name, Task.EMBED.value, len(r), int((~live).sum()), None, None, lowest, passed)
 
-
-def shapes_of(outputs: Sequence[tuple[str, np.ndarray]]) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(np.shape(value)) for name, value in outputs}
