@@ -26,10 +26,10 @@ docs:
 	@log=$$($(PYTHON) -m mkdocs build --strict 2>&1) || { printf '%s\n' "$$log" >&2; exit 1; }
 
 test: lint docs
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto
 
 test-fast: lint docs
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -n auto -m "not slow"
 
 fixtures:
 	$(PYTHON) fixtures/make_fixtures.py

@@ -1,16 +1,11 @@
 """`python -m rlx_onnx_amp` and the `rlx-amp` command.
 
-The signal handlers go in before the heavy imports (onnx, onnxruntime: half a second), so
+The signal handlers go in before the heavy imports, which run with the signals held (a signal
+inside a C extension's initialization would surface as "ImportError: initialization failed"), so
 Ctrl-C or SIGTERM at any moment ends the run with one line and its own exit code (130, 143),
-never a traceback or click's "Aborted!" with exit 1, the drift code. During those imports the
-signals are held and acted on right after: an exception raised inside a C extension's
-initialization would surface as "ImportError: initialization failed" instead.
-
-A closed stdout (`rlx-amp inspect MODEL | head -1`: BrokenPipeError, Python ignores SIGPIPE)
-ends any command quietly, nothing on stderr, with exit 141: what a shell reports for a tool that
-SIGPIPE killed (`yes | head`), next to 130 and 143 for the other signals; click's own answer, 1,
-is the drift code. Unlike a real SIGPIPE death, the run's cleanup runs first: what was not
-committed is removed, as for SIGTERM.
+never a traceback or click's "Aborted!" with exit 1, the drift code. A closed stdout (`rlx-amp
+inspect M | head -1`) ends any command quietly with exit 141, what a shell reports for a tool
+that SIGPIPE killed, after the run's cleanup.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import os
 import signal
 import sys
 
-from rlx_onnx_amp import __version__, exits
+from rlx_onnx_amp import __version__, exits, stops
 
 NO_ONNXRUNTIME = (
     "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
@@ -42,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _stdout_closed()
     finally:
-        exits.ignore_stop_signals()
+        stops.ignore_stop_signals()
 
 
 def _stdout_closed() -> None:
@@ -61,14 +56,12 @@ def _main(argv: list[str] | None) -> None:
     if args == ["--version"]:  # answered before onnx, onnxruntime and the command line load
         print(f"rlx-amp, version {__version__}")
         sys.exit(0)
-    signal.signal(signal.SIGTERM, exits.raise_on_stop)
+    signal.signal(signal.SIGTERM, stops.raise_on_stop)
     try:
-        with exits.signals_deferred():
+        with stops.signals_deferred():
             import click
 
-            # Every command needs onnxruntime, a C extension: imported with the signals held (a
-            # signal inside its initialization would be "ImportError: initialization failed").
-            try:
+            try:  # every command needs onnxruntime
                 import onnxruntime  # noqa: F401
             except ModuleNotFoundError as e:
                 if e.name != "onnxruntime":
@@ -99,7 +92,7 @@ def _main(argv: list[str] | None) -> None:
             cli.COMMAND_LINE = None  # a caller in this process runs the next command afresh
     except KeyboardInterrupt:
         exits.fail("interrupted; nothing written", exits.EXIT_SIGINT)
-    except exits.Terminated:
+    except stops.Terminated:
         exits.fail("terminated; nothing written", exits.EXIT_SIGTERM)
     sys.exit(0)
 

@@ -45,11 +45,7 @@ from rlx_onnx_amp.exits import (
     EXIT_SIGTERM,
     EXIT_UNVERIFIED,
     EXIT_USAGE,
-    Terminated,
     error_line,
-    raise_on_stop,
-    raise_stop,
-    stop_requested,
     worst_exit_code,
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths, remove_leftover_dirs
@@ -74,6 +70,7 @@ from rlx_onnx_amp.reports.text import (
     verify_table,
 )
 from rlx_onnx_amp.rewrite import ConvertOptions
+from rlx_onnx_amp.stops import Terminated, raise_on_stop, raise_stop, stop_requested
 from rlx_onnx_amp.verification.inputs import GuessedAxesError
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, session_threads
 
@@ -413,7 +410,7 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
         os._exit(EXIT_SIGTERM)
     finally:
         _converting = False
-    # A stop whose exception was lost (`exits.stop_requested`): the worker never takes another
+    # A stop whose exception was lost (`stops.stop_requested`): the worker never takes another
     # model, as the stopping parent holds the task queue's lock and it would wait for ever.
     if stop_requested():
         os._exit(EXIT_SIGTERM)

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-from rlx_onnx_amp.exits import signals_deferred
+from rlx_onnx_amp.stops import signals_deferred
 
 __all__ = ["START_METHOD", "ChildCrashed", "ChildTimeout", "run_in_child"]
 
 T = TypeVar("T")
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-#: What the fork server imports once, so that each child it forks starts with it: onnxruntime
-#: (a few hundred milliseconds) and the verification's session code.
+#: The fork server listens on a socket in the temporary directory, and a socket's path has at
+#: most 107 bytes on Linux: under a longer TMPDIR the child is spawned instead.
+_SOCKET_PATH_ROOM = 107 - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+#: Imported once by the fork server, not by each child: onnxruntime and the session code.
 _PRELOAD = ["rlx_onnx_amp.verification.compare"]
 
 
@@ -31,11 +34,8 @@ class ChildCrashed(Exception):
 
     def __init__(self, signal_number: int | None, exit_code: int | None) -> None:
         self.signal_number, self.exit_code = signal_number, exit_code
-        if signal_number is not None:
-            with_what = f"signal {signal_number} ({signal.Signals(signal_number).name})"
-        else:
-            with_what = f"exit code {exit_code}"
-        super().__init__(f"the child process died of {with_what}")
+        died_of = f"signal {signal_number} ({signal.Signals(signal_number).name})" if signal_number else None
+        super().__init__(f"the child process died of {died_of or f'exit code {exit_code}'}")
 
 
 class ChildTimeout(TimeoutError):
@@ -46,8 +46,9 @@ def run_in_child(fn: Callable[..., T], *args: Any, timeout: float | None = None)
     """`fn(*args)` in a fresh child process; its result, or its exception raised here again.
     Raises `ChildCrashed` when the child dies without an answer, `ChildTimeout` after `timeout`
     seconds (None: no limit)."""
-    context = multiprocessing.get_context(START_METHOD)
-    if START_METHOD == "forkserver":
+    method = START_METHOD if len(tempfile.gettempdir().encode()) <= _SOCKET_PATH_ROOM else "spawn"
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
         context.set_forkserver_preload(_PRELOAD)
     receive, send = context.Pipe(duplex=False)
     # Starting the first child imports multiprocessing's fork server modules: a stop signal inside

@@ -38,17 +38,7 @@ from rlx_onnx_amp.batch import (
 )
 from rlx_onnx_amp.directory import with_genai_folder_hint
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
-from rlx_onnx_amp.exits import (
-    EXIT_DRIFT,
-    EXIT_OK,
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
-    Terminated,
-    fail,
-    signal_held_during_commit,
-    signals_deferred,
-    stop_handlers,
-)
+from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, fail
 from rlx_onnx_amp.files import OutputSet, RunPaths, live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.policy import AUTO, POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
@@ -63,6 +53,7 @@ from rlx_onnx_amp.reports.text import (
     verify_markdown,
     verify_table,
 )
+from rlx_onnx_amp.stops import Terminated, signal_held_during_commit, signals_deferred, stop_handlers
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification.inputs import GuessedAxesError, InputSpec, parse_range, parse_shape
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, resolve_provider, verify_options_from

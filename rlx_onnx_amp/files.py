@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from rlx_onnx_amp.errors import InputError
-from rlx_onnx_amp.exits import raise_stop, signals_deferred, stop_requested
+from rlx_onnx_amp.stops import raise_stop, signals_deferred, stop_requested
 
 try:  # POSIX only: elsewhere commits into one directory are not serialized across processes
     import fcntl
@@ -304,7 +304,7 @@ class OutputSet:
 
     def commit(self) -> None:
         """Move every staged file into place. Signals wait until the moves are done. After a
-        SIGINT or SIGTERM whose exception was lost (`exits.stop_requested`) nothing is moved."""
+        SIGINT or SIGTERM whose exception was lost (`stops.stop_requested`) nothing is moved."""
         with signals_deferred(committing=True), _locked(self._stages):
             if stop_requested():
                 raise_stop()

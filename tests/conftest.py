@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # A suite started with SIGINT ignored (from a background job or under nohup) would pass that on
-# to every rlx-amp it starts, which then rightly leaves SIGINT ignored (`exits.stop_handlers`),
+# to every rlx-amp it starts, which then rightly leaves SIGINT ignored (`stops.stop_handlers`),
 # and the tests that interrupt a run would fail. Python's own handler here gives the runs the
 # default disposition (an exec resets a handled signal, not an ignored one).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

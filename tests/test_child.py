@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,3 +94,16 @@ def test_a_signal_while_waiting_ends_the_wait_and_kills_the_child(tmp_path: Path
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert _gone(int(pid_file.read_text()))
+
+
+
+def test_a_temporary_directory_too_long_for_the_fork_servers_socket(tmp_path: Path) -> None:
+    # The fork server's socket lives in TMPDIR, and a socket path over 107 bytes is an OSError
+    # ("AF_UNIX path too long"): the child is spawned instead, and answers as usual. A fresh
+    # process, as this one's fork server may be running already.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    code = "import os; from rlx_onnx_amp.child import run_in_child; print(run_in_child(os.getpid) != os.getpid())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(deep)})
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr

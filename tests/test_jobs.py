@@ -263,7 +263,7 @@ class _LostStopJob:
     but its exception vanished, as one raised inside a `__del__` does, and convert_own returned."""
 
     def convert_own(self, src: str, dst: str) -> None:
-        from rlx_onnx_amp.exits import request_stop
+        from rlx_onnx_amp.stops import request_stop
 
         request_stop()
 
@@ -292,8 +292,8 @@ def test_a_worker_whose_stop_was_lost_never_takes_another_model() -> None:
 @pytest.mark.parametrize(("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, None)])
 def test_no_commit_after_a_lost_stop(tmp_path: Path, signum: int, raised: type[BaseException] | None) -> None:
     """A signal whose exception was lost still stops the commit, with that signal's exception."""
-    from rlx_onnx_amp.exits import Terminated, request_stop
     from rlx_onnx_amp.files import OutputSet
+    from rlx_onnx_amp.stops import Terminated, request_stop
 
     final = tmp_path / "out.onnx"
     try:
@@ -323,10 +323,10 @@ def test_sessions_opened_inside_session_threads_get_that_many_threads(tmp_path: 
 def test_a_new_run_forgets_a_signal_an_earlier_run_held_during_its_commit() -> None:
     """stop_handlers starts a run: a SIGTERM that the commit of an earlier run in this process
     held must not make this run say its outputs are complete."""
-    from rlx_onnx_amp import exits
+    from rlx_onnx_amp import stops
 
-    with exits.stop_handlers(), pytest.raises(exits.Terminated), exits.signals_deferred(committing=True):
+    with stops.stop_handlers(), pytest.raises(stops.Terminated), stops.signals_deferred(committing=True):
         signal.raise_signal(signal.SIGTERM)  # held until the commit is done, then raised
-    assert exits.signal_held_during_commit()
-    with exits.stop_handlers():
-        assert not exits.signal_held_during_commit() and not exits.stop_requested()
+    assert stops.signal_held_during_commit()
+    with stops.stop_handlers():
+        assert not stops.signal_held_during_commit() and not stops.stop_requested()
