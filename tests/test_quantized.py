@@ -71,6 +71,21 @@ def test_a_dequantization_follows_its_consumer(models: dict[str, Path], tmp_path
     code, low = _convert(src, tmp_path / "f16.onnx", "always-f16")
     assert code == 0 and "dequantize-follows-consumer" not in low["by_rule"]
     assert low["cost"]["macs_by_precision"]["f16"] == low["cost"]["macs"]
+    # Lowered, the dequantization is low from its source: Cast(int8 -> f16) -> Mul(f16 scale),
+    # not Cast(int8 -> f32) -> Cast(f32 -> f16). The only other Casts are the model's input and output.
+    f16 = onnx.load(str(tmp_path / "f16.onnx"))
+    producers = {o: n for n in f16.graph.node for o in n.output}
+    inits = {t.name: t for t in f16.graph.initializer}
+    for i in range(3):
+        mul = next(n for n in f16.graph.node if n.name == f"w{i}_dequant")
+        cast = producers[mul.input[0]]
+        assert cast.op_type == "Cast" and cast.input == [f"w{i}_q"], cast
+        assert cast.attribute[0].i == onnx.TensorProto.FLOAT16
+        assert inits[mul.input[1]].data_type == onnx.TensorProto.FLOAT16
+    casts = [n for n in f16.graph.node if n.op_type == "Cast"]
+    assert len(casts) == 5 and low["casts_inserted"] - low["casts_removed"] == 2, low
+    assert integer_digest(f16) == integer_digest(onnx.load(str(src)))
+    np.testing.assert_allclose(run(f16, feeds(3))[0], run(onnx.load(str(src)), feeds(3))[0], atol=2e-2, rtol=2e-2)
 
 
 def test_q4_to_q4f16_is_a_recipe_the_gate_passes(models: dict[str, Path], tmp_path: Path) -> None:

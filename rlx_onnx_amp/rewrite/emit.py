@@ -25,6 +25,15 @@ logger = logging.getLogger(__name__)
 
 #: Ops (besides sources) whose attributes carry a type or a tensor that follows the node's precision.
 _ATTRIBUTE_RETYPED_OPS = frozenset(TYPED_TENSOR_ATTRIBUTES) | frozenset(TYPE_ATTRIBUTES)
+#: Integer types whose every value f32 holds exactly (16 bits at most), so that a Cast of one to
+#: f32 read back low is one rounding either way: Cast(int8 -> f32) -> Cast(f32 -> f16) is
+#: Cast(int8 -> f16), a quantized weight's dequantization made low at its source (rule one-cast-per-value).
+_EXACT_IN_F32 = frozenset(
+    {
+        onnx.TensorProto.BOOL, onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+    }
+)  # fmt: skip
 
 
 class EmitPass(Pass[Plan]):
@@ -84,15 +93,18 @@ class EmitPass(Pass[Plan]):
         if key in scope.cast_cache:
             return scope.cast_cache[key]
         producer = owner.producer.get(name)
-        if producer is not None and producer.op == "Cast" and producer.inputs:
+        if producer is not None and producer.op == "Cast" and producer.inputs and have == F32:
             inner = producer.inputs[0]
             inner_type = owner.storage_type(inner)
-            if inner_type == want and have == F32:
+            if inner_type == want:
                 # Cast(low -> f32) read back at low: the chain adds nothing (rule one-cast-per-value).
                 owner.folded.add(name)  # the Cast may be left without readers (rule idle-cast)
                 result = self.resolve(scope, inner, want, position)
                 scope.cast_cache[key] = result
                 return result
+            if inner_type in _EXACT_IN_F32:  # the low Cast reads the integer itself
+                owner.folded.add(name)
+                name, actual = inner, owner.rename.get(inner, inner) if owner.rename else inner
         precision = precision_of_elem_type(want)
         assert precision is not None
         if producer is None and have == F32 and self.cx.numeric.past_range(scoped_name(owner.path, name), precision):
