@@ -16,11 +16,6 @@ import sys
 
 from rlx_onnx_amp import __version__, exits, stops
 
-NO_ONNXRUNTIME = (
-    "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
-    "and its CUDA provider)"
-)
-
 
 def run() -> None:
     """The `rlx-amp` command: `main`, which ends with the run's exit code."""
@@ -53,7 +48,7 @@ def _stdout_closed() -> None:
 
 def _main(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--version"]:  # answered before onnx, onnxruntime and the command line load
+    if args == ["--version"]:  # answered before the command line loads
         print(f"rlx-amp, version {__version__}")
         sys.exit(0)
     signal.signal(signal.SIGTERM, stops.raise_on_stop)
@@ -61,13 +56,7 @@ def _main(argv: list[str] | None) -> None:
         with stops.signals_deferred():
             import click
 
-            try:  # every command needs onnxruntime
-                import onnxruntime  # noqa: F401
-            except ModuleNotFoundError as e:
-                if e.name != "onnxruntime":
-                    raise
-                exits.fail(NO_ONNXRUNTIME, exits.EXIT_USAGE)
-            import rlx_onnx_amp.cli as cli
+            import rlx_onnx_amp.cli as cli  # no onnx: a command loads it, and onnxruntime, as it runs
 
             command = cli.main
             cli.COMMAND_LINE = ["rlx-amp", *args]  # for the reports' run.command

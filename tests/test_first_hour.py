@@ -78,16 +78,29 @@ def test_every_help_lists_its_exit_codes_and_an_example(command: str) -> None:
         assert "export directory" in result.stdout and " 5 " in result.stdout
 
 
-def test_version_imports_no_onnx() -> None:
-    """`--version` answers without onnx or onnxruntime (an import check, not a timer)."""
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["convert", "--help"], ["verify", "--help"]])
+def test_version_and_help_import_no_onnx(argv: list[str]) -> None:
+    """`--version` and every `--help` answer without onnx or onnxruntime (an import check, not a timer)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "rlx_onnx_amp", "--version"],
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "rlx_onnx_amp", *argv],
                          capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and out.stdout.strip().startswith("rlx-amp, version ")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("rlx-amp, version " if argv == ["--version"] else "Usage: rlx-amp")
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
-    assert "onnx" not in imported and "onnxruntime" not in imported and "click" not in imported
+    assert not {"onnx", "onnxruntime", "numpy"} & imported
+    assert ("click" in imported) == (argv != ["--version"])
+
+
+def test_the_names_the_help_spells_are_the_librarys() -> None:
+    """cli spells the policy and task names and the repair budget, so that --help imports no onnx."""
+    from rlx_onnx_amp import cli
+    from rlx_onnx_amp.policy import POLICY_NAMES
+    from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
+    from rlx_onnx_amp.verification.task import TASKS
+
+    assert (cli.POLICY_NAMES, cli.TASKS, cli.DEFAULT_BUDGET) == (POLICY_NAMES, TASKS, DEFAULT_BUDGET)
 
 
 def test_repair_counts_its_evaluations_and_the_summary_defines_its_words(tmp_path: Path) -> None:

@@ -56,9 +56,12 @@ def test_no_module_over_800_lines_and_no_class_over_250() -> None:
 
 #: Package modules imported inside functions, on purpose: each loads onnxruntime's sessions,
 #: matplotlib or Olive, which a conversion without verification, `--help` or `inspect` does
-#: not need (and `cli`, which `__main__` imports once its signal handlers are in).
+#: not need (and `cli`, which `__main__` imports once its signal handlers are in; `commands`,
+#: the commands' work with onnx behind it, which `cli` imports only when a command runs, so that
+#: `--help` loads no onnx).
 LAZY_MODULES = frozenset({
     "rlx_onnx_amp.cli",
+    "rlx_onnx_amp.commands",
     "rlx_onnx_amp.olive",
     "rlx_onnx_amp.repair",
     "rlx_onnx_amp.reports.html",
