@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from rlx_onnx_amp.reports.record import (
     report_document,
 )
 from rlx_onnx_amp.reports.text import (
+    batch_table,
     conversion_markdown,
     conversion_table,
     failed_verdict,
@@ -82,6 +84,7 @@ __all__ = [
     "JobSettings",
     "Progress",
     "RunResults",
+    "StageLines",
     "StagedProgress",
     "WorkerOutcome",
     "convert_directory",
@@ -106,6 +109,7 @@ class JobSettings:
     verify_required: bool = False  # --verify: a reference that cannot run is an error, not exit 4
     quiet: bool = False
     verbose: int = 0
+    stage_lines: bool = False  # stderr no terminal, and not --quiet: `StageLines`
     #: onnxruntime's intra-op threads per session (0: onnxruntime's choice, every core); batch
     #: workers share the CPUs out.
     session_threads: int = 0
@@ -132,15 +136,21 @@ class ConvertJob:
         settings = dataclasses.replace(self.settings, verify_options=dataclasses.replace(verify_options, spec=spec))
         return ConvertJob(settings, self.paths)
 
-    def convert(self, src: str, dst: str, outputs: OutputSet, shown: str | None = None) -> ModelResult:
+    def convert(
+        self, src: str, dst: str, outputs: OutputSet, shown: str | None = None, position: str = ""
+    ) -> ModelResult:
         """Convert (verify, repair) `src` into `dst`, staged in `outputs`; `shown` is the path
-        the reports name (a directory's file, staged elsewhere until the directory is whole)."""
+        the reports name (a directory's file, staged elsewhere until the directory is whole);
+        `position` is its `[k/N] ` in a batch."""
+        lines = StageLines(src, self.settings.stage_lines, position)
         with session_threads(self.settings.session_threads):
             if self.settings.repair:
-                result = self._repair(src, dst, outputs, shown or dst)
+                result = self._repair(src, dst, outputs, shown or dst, lines)
             else:
-                result = self._convert(src, dst, outputs, shown or dst)
-        return self._gated(result)
+                result = self._convert(src, dst, outputs, shown or dst, lines)
+        result = self._gated(result)
+        lines.done(result.exit_code)
+        return result
 
     def _gated(self, result: ModelResult) -> ModelResult:
         """The result with its `--min-low-share` verdict; one line when it falls short."""
@@ -158,11 +168,12 @@ class ConvertJob:
             )
         return dataclasses.replace(result, gate=gate)
 
-    def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
+    def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str, lines: StageLines) -> ModelResult:
         from rlx_onnx_amp.repair import repair_file  # the verification's modules: not for a conversion alone
 
         s = self.settings
         assert s.verify_options is not None
+        lines.begin("repairing")
         conversion, verified, repaired = repair_file(
             src,
             dst,
@@ -175,23 +186,26 @@ class ConvertJob:
             paths=self.paths,
             progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
         )
+        lines.end()
         result = ModelResult(dataclasses.replace(conversion, output=shown), verified, repaired)
         self._converted(result)
         return result
 
-    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str) -> ModelResult:
+    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str, lines: StageLines) -> ModelResult:
         s = self.settings
-        reference, unverified = self._reference(src)
+        reference, unverified = self._reference(src, lines)
         options = s.options
         if reference is not None:
             # The MACs are counted at the shapes the verification runs (`--shape` first).
             options = dataclasses.replace(
                 options, value_ranges=reference.value_ranges, shapes={**reference.shapes(), **options.shapes}
             )
+        lines.begin("converting")
         with Progress(f"converting {Path(src).name}", enabled=not s.quiet) as progress:
             staged = stage_conversion(
                 src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
             )
+        lines.end()
         conversion = dataclasses.replace(staged.conversion, output=shown)
         self._converted(ModelResult(conversion))
         if reference is None:
@@ -201,7 +215,7 @@ class ConvertJob:
         from rlx_onnx_amp.verification.core import verify  # the verification's modules: not for a conversion alone
 
         status(f"verifying {shown} against {src} ...", enabled=not s.quiet)
-        with StagedProgress(enabled=not s.quiet) as verify_progress:
+        with StagedProgress(enabled=not s.quiet, lines=lines) as verify_progress:
             verified = verify(
                 src,
                 staged.path,
@@ -215,7 +229,7 @@ class ConvertJob:
         self._verified(result)
         return result
 
-    def _reference(self, src: str) -> tuple[Reference | None, str | None]:
+    def _reference(self, src: str, lines: StageLines) -> tuple[Reference | None, str | None]:
         """The reference's one run (screened unless --no-screen), or why there is none: with
         verification by default a reference that cannot run leaves the model unverified."""
         s = self.settings
@@ -224,7 +238,7 @@ class ConvertJob:
         # The verification's modules, here: a conversion without verification does not load them.
         from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
 
-        with StagedProgress(enabled=not s.quiet) as progress:
+        with StagedProgress(enabled=not s.quiet, lines=lines) as progress:
             try:
                 return prepare_reference(src, s.verify_options, screen=s.screen, progress=progress), None
             except ReferenceUnavailable as e:
@@ -235,11 +249,11 @@ class ConvertJob:
                     raise error from None
                 return None, str(error)
 
-    def convert_own(self, src: str, dst: str) -> ModelResult:
+    def convert_own(self, src: str, dst: str, position: str = "") -> ModelResult:
         """One model of a batch: committed on its own; a failure is reported and the rest go on."""
         try:
             with OutputSet(self.paths.protected()) as own:
-                result = self.convert(src, dst, own)
+                result = self.convert(src, dst, own, position=position)
                 own.commit()
             return result
         except AmpError as e:
@@ -307,6 +321,7 @@ class RunResults:
 
     results: tuple[ModelResult, ...]
     verifying: bool  # not --no-verify
+    seconds: tuple[float | None, ...] = ()  # each model's, where timed (a batch)
 
     @property
     def exit_code(self) -> int:
@@ -329,8 +344,9 @@ class RunResults:
         return html_report(self.results, title="rlx-amp conversion report")
 
     def summary(self, quiet: bool) -> str | None:
-        """A batch's last line: how many passed (or were converted), which failed, which were
-        written unverified; with -q only when something did not pass."""
+        """A batch's end: a table of its models (more than one, not -q), then one line: how many
+        passed (or were converted), which failed, which were written unverified; with -q only
+        when something did not pass."""
         bad = [r.verify.candidate for r in self.results if r.verify is not None and not r.verify.passed]
         bad += [r.failure.model for r in self.results if r.failure is not None]
         unverified = [r.output or r.model for r in self.results if r.unverified is not None]
@@ -340,7 +356,9 @@ class RunResults:
         line += "passed" if self.verifying else "converted"
         line += f"; failed: {', '.join(bad)}" if bad else ""
         line += f"; not verified: {', '.join(unverified)}" if unverified else ""
-        return line
+        if quiet or len(self.results) < 2:
+            return line
+        return f"{batch_table(self.results, self.seconds)}\n{line}"
 
 
 def invalid_input(models: Sequence[str]) -> str | None:
@@ -371,6 +389,7 @@ class WorkerOutcome:
     result: ModelResult
     stdout: str
     stderr: str
+    seconds: float
 
 
 #: Forked where the platform can (at once, all imported; no onnxruntime session open yet).
@@ -396,14 +415,15 @@ def _worker_sigterm(signum: int, frame: object) -> None:
     os._exit(EXIT_SIGTERM)  # between models: nothing staged, nothing to clean
 
 
-def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, WorkerOutcome]:
+def _worker_convert(task: tuple[int, ConvertJob, str, str, str]) -> tuple[int, WorkerOutcome]:
     global _converting
-    index, job, src, dst = task
+    index, job, src, dst, position = task
     out, err = io.StringIO(), io.StringIO()
+    started = time.monotonic()
     try:
         _converting = True
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            result = job.convert_own(src, dst)
+            result = job.convert_own(src, dst, position)
     except Terminated:  # the parent stops the batch; staging and scratch are already removed
         with contextlib.suppress(Terminated):  # but for a signal that cut an owner short
             remove_leftover_dirs()
@@ -414,7 +434,7 @@ def _worker_convert(task: tuple[int, ConvertJob, str, str]) -> tuple[int, Worker
     # model, as the stopping parent holds the task queue's lock and it would wait for ever.
     if stop_requested():
         os._exit(EXIT_SIGTERM)
-    return index, WorkerOutcome(result, out.getvalue(), err.getvalue())
+    return index, WorkerOutcome(result, out.getvalue(), err.getvalue(), time.monotonic() - started)
 
 
 def _model_bytes(path: str) -> int:
@@ -426,14 +446,15 @@ def _model_bytes(path: str) -> int:
         return 0
 
 
-def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) -> list[ModelResult]:
+def run_in_workers(job: ConvertJob, pairs: list[tuple[str, str]], workers: int) -> list[tuple[ModelResult, float]]:
     """The batch in `workers` processes, the largest model first, each as `convert_own` does it;
-    the parent prints what each printed and gathers the results in input order (see the module)."""
+    the parent prints what each printed and gathers the results and seconds in input order (see
+    the module)."""
     threads = max(1, (os.cpu_count() or 1) // workers)  # onnxruntime shares the CPUs out
     worker_job = ConvertJob(dataclasses.replace(job.settings, session_threads=threads), job.paths)
-    results: list[ModelResult] = []
+    results: list[tuple[ModelResult, float]] = []
     order = sorted(range(len(pairs)), key=lambda i: -_model_bytes(pairs[i][0]))
-    tasks = [(i, worker_job, *pairs[i]) for i in order]
+    tasks = [(i, worker_job, *pairs[i], f"[{i + 1}/{len(pairs)}] ") for i in order]
     done: dict[int, WorkerOutcome] = {}
     pool = multiprocessing.get_context(START_METHOD).Pool(workers, initializer=_worker_start)
     try:
@@ -465,11 +486,11 @@ def _kill_workers() -> None:
         worker.kill()
 
 
-def _take(outcome: WorkerOutcome) -> ModelResult:
-    """A worker's model into the batch: what it printed, then its result."""
+def _take(outcome: WorkerOutcome) -> tuple[ModelResult, float]:
+    """A worker's model into the batch: what it printed, then its result and seconds."""
     click.echo(outcome.stdout, nl=False)
     click.echo(outcome.stderr, nl=False, err=True)
-    return outcome.result
+    return outcome.result, outcome.seconds
 
 
 def warn(message: str) -> None:
@@ -511,11 +532,43 @@ class Progress:
             self.bar.__exit__(None, None, None)
 
 
-class StagedProgress:
-    """One progress bar per stage of a verification, on a terminal only."""
+class StageLines:
+    """Where stderr is no terminal (a CI log) and not --quiet: one plain line as each stage of a
+    model ends, with its seconds (`[k/N] ` before the model in a batch), and one as the model
+    ends, with its exit code; no bar, no carriage return. A stage that an error ends says
+    nothing: the error is the line."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, model: str, enabled: bool, position: str = "") -> None:
         self.enabled = enabled
+        self.prefix = f"rlx-amp: {position}{model if len(model) <= 90 else '...' + model[-87:]}"
+        self.stage: str | None = None
+        self.since = self.started = time.monotonic()
+
+    def begin(self, stage: str) -> None:
+        if stage != self.stage:
+            self.end()
+            self.stage = stage
+
+    def end(self) -> None:
+        """The stage ends: its line, with the seconds since the line before (or the model's start)."""
+        now = time.monotonic()
+        if self.enabled and self.stage is not None:
+            click.echo(f"{self.prefix}: {self.stage}: {now - self.since:.1f} s", err=True)
+        self.stage, self.since = None, now
+
+    def done(self, exit_code: int) -> None:
+        self.end()
+        if self.enabled:
+            click.echo(f"{self.prefix}: exit {exit_code} after {time.monotonic() - self.started:.1f} s", err=True)
+
+
+class StagedProgress:
+    """One progress bar per stage of a verification, on a terminal only; one `StageLines` line
+    per stage elsewhere."""
+
+    def __init__(self, enabled: bool, lines: StageLines | None = None) -> None:
+        self.enabled = enabled
+        self.lines = lines
         self.stage: str | None = None
         self.bar: Progress | None = None
 
@@ -524,7 +577,9 @@ class StagedProgress:
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage != self.stage:
-            self.__exit__()
+            self._close_bar()
+            if self.lines is not None:
+                self.lines.begin(stage)
             # Bars only for work long enough to watch: many weights, or several input sets.
             self.stage, self.bar = (
                 stage,
@@ -533,16 +588,21 @@ class StagedProgress:
         assert self.bar is not None
         self.bar(done, total)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, error: type[BaseException] | None = None, *exc: object) -> None:
+        self._close_bar()
+        if self.lines is not None and error is None:
+            self.lines.end()
+
+    def _close_bar(self) -> None:
         if self.bar is not None:
             self.bar.__exit__()
             self.bar = None
 
 
-def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult]:
+def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[tuple[ModelResult, float]]:
     """An export directory into `out`, whole or not at all (`rlx_onnx_amp.directory`): every
-    model converted (verified, repaired) under its relative name, every other file copied, the
-    caches' types checked across files; a model that fails leaves nothing written."""
+    model converted (verified, repaired) under its relative name, with its seconds, every other
+    file copied, the caches' types checked across files; a model that fails leaves nothing written."""
     if out.resolve() == src.resolve() or out.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(
         out.resolve()
     ):
@@ -550,12 +610,14 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[ModelResult
     export = scan_export_dir(src)
     cache_shapes = genai_cache_shapes(src)
     job = ConvertJob(dataclasses.replace(job.settings, export_dir=True), job.paths)
-    results: list[ModelResult] = []
+    results: list[tuple[ModelResult, float]] = []
     with StagedDirectory(out) as staged:
         with OutputSet(job.paths.protected()) as outputs:
-            for rel in export.models:
-                model_job = job.with_shapes(cache_shapes.get(rel, {}))
-                results.append(model_job.convert(str(src / rel), str(staged.path(rel)), outputs, shown=str(out / rel)))
+            for k, rel in enumerate(export.models, 1):
+                model_job, started = job.with_shapes(cache_shapes.get(rel, {})), time.monotonic()
+                position = f"[{k}/{len(export.models)}] " if len(export.models) > 1 else ""
+                result = model_job.convert(str(src / rel), str(staged.path(rel)), outputs, str(out / rel), position)
+                results.append((result, time.monotonic() - started))
             outputs.commit()
         for rel in export.others:
             staged.copy(src / rel, rel)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from rlx_onnx_amp.batch import (
     JobSettings,
     RunResults,
     StagedProgress,
+    StageLines,
     convert_directory,
     run_in_workers,
     status,
@@ -151,6 +153,7 @@ def convert(
         verify_required=bool(do_verify),
         quiet=quiet,
         verbose=verbose,
+        stage_lines=not quiet and not sys.stderr.isatty(),  # a CI log: a plain line per stage
     )
     job = ConvertJob(settings, paths)
     if not verifying and not quiet:
@@ -159,16 +162,18 @@ def convert(
     if jobs < 0:
         raise InputError("--jobs must be 0 (one per CPU) or more")
     workers = min(jobs or os.cpu_count() or 1, len(models))
+    pairs = list(zip(models, targets))
     with OutputSet(paths.protected()) as outputs:
+        timed: list[tuple[ModelResult, float | None]]
         if directory:  # staged and put in place whole, before the reports
-            results = convert_directory(job, directory, Path(targets[0]))
+            timed = list(convert_directory(job, directory, Path(targets[0])))
         elif not batch:  # one model: model and reports are committed together
-            results = [job.convert(models[0], targets[0], outputs)]
+            timed = [(job.convert(models[0], targets[0], outputs), None)]
         elif workers > 1:
-            results = run_in_workers(job, list(zip(models, targets)), workers)
+            timed = list(run_in_workers(job, pairs, workers))
         else:
-            results = [job.convert_own(src, dst) for src, dst in zip(models, targets)]
-        run_results = RunResults(tuple(results), verifying)
+            timed = [_timed(job, src, dst, f"[{k}/{len(pairs)}] ") for k, (src, dst) in enumerate(pairs, 1)]
+        run_results = RunResults(tuple(r for r, _ in timed), verifying, tuple(t for _, t in timed))
         if report_json:
             provider = resolve_provider(verify_options.provider) if verify_options is not None else None
             run_info = run_record(started, provider, options.target.value, command)
@@ -183,6 +188,13 @@ def convert(
         click.echo(summary)
     _say_next(run_results.results)
     return run_results.exit_code
+
+
+def _timed(job: ConvertJob, src: str, dst: str, position: str) -> tuple[ModelResult, float]:
+    """One model of a batch (`ConvertJob.convert_own`), and its seconds."""
+    started = time.monotonic()
+    result = job.convert_own(src, dst, position)
+    return result, time.monotonic() - started
 
 
 def _say_next(results: Sequence[ModelResult]) -> None:
@@ -296,7 +308,8 @@ def verify(
     paths.check()
     with OutputSet(paths.protected()) as outputs:
         status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
-        with StagedProgress(enabled=not quiet) as progress:
+        lines = StageLines(candidate, not quiet and not sys.stderr.isatty())  # a CI log: a plain line per stage
+        with StagedProgress(enabled=not quiet, lines=lines) as progress:
             try:
                 result = verify_models(reference, candidate, verify_options, progress=progress, outputs=outputs)
             except GuessedAxesError as e:  # a genai decoder: its folder's config has the sizes

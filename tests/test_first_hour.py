@@ -5,6 +5,7 @@ reads a shard once, and every --help lists its exit codes and an example."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -112,3 +113,44 @@ def test_repair_counts_its_evaluations_and_the_summary_defines_its_words(tmp_pat
     steps = [line for line in result.stderr.splitlines() if line.startswith("repair: ")]
     assert steps and steps[0].startswith("repair: 1/24 policy:")  # k/N: evaluations into the budget
     assert "*worst score*: the worst output's distance from passing" in (tmp_path / "r.md").read_text()
+
+
+#: A piped run's stage line (`batch.StageLines`): the model, `[k/N]` in a batch, the stage, its seconds.
+STAGE_LINE = re.compile(r"rlx-amp: (\[\d+/\d+\] )?(\S+): ([a-z ]+): (\d+\.\d) s")
+
+
+def test_a_piped_run_prints_a_plain_line_per_stage_and_a_batch_ends_with_a_table(tmp_path: Path) -> None:
+    # The tests' stderr is no terminal, as in a CI log: a plain line per stage, no bar, no \r.
+    demo = tmp_path / "demo.onnx"
+    assert rlx("demo", demo).returncode == 0
+    one = rlx(demo, "-o", tmp_path / "one.onnx", "--provider", "cpu")
+    assert one.returncode == 0 and "\r" not in one.stderr + one.stdout, one.stderr
+    stages = [m.group(3) for m in map(STAGE_LINE.fullmatch, one.stderr.splitlines()) if m]
+    assert stages[:2] == ["running the reference", "converting"] and "running the candidate" in stages
+    assert re.search(r"^rlx-amp: \S*demo\.onnx: exit 0 after \d+\.\d s$", one.stderr, re.M), one.stderr
+    assert all(len(line) <= 160 for line in one.stderr.splitlines() if "demo.onnx" in line)
+    # A batch of three, one of which drifts: [k/N] on each model's lines, then the table.
+    models = []
+    for name in ("a", "b"):
+        shutil.copy(demo, tmp_path / f"{name}.onnx")
+        models.append(tmp_path / f"{name}.onnx")
+    onnx.save(BROKEN_IN_F16["exp_overflow"]().model, str(tmp_path / "exp.onnx"))
+    models.append(tmp_path / "exp.onnx")
+    (tmp_path / "out").mkdir()
+    batch = rlx(*models, "-p", "always-f16", "--no-screen", "--out-dir", tmp_path / "out", "--provider", "cpu")
+    assert batch.returncode == 1, batch.stderr
+    positions = {m.group(1) for m in map(STAGE_LINE.fullmatch, batch.stderr.splitlines()) if m}
+    assert positions == {"[1/3] ", "[2/3] ", "[3/3] "}, batch.stderr
+    lines = batch.stdout.splitlines()
+    head = next(k for k, line in enumerate(lines) if line.split()[:2] == ["model", "exit"])
+    assert lines[head].split() == ["model", "exit", "MACs", "low", "worst", "score", "seconds"]
+    rows = [line.split() for line in lines[head + 2 : head + 5]]
+    assert [(Path(r[0]).name, r[1]) for r in rows] == [("a.onnx", "0"), ("b.onnx", "0"), ("exp.onnx", "1")]
+    assert all(re.fullmatch(r"\d+\.\d", r[-1]) for r in rows)
+    assert lines[head + 5].startswith("worst score: ")
+    # -q: today's silence, no stage line and no table.
+    (tmp_path / "quiet").mkdir()
+    quiet = rlx(*models, "-p", "always-f16", "--no-screen", "--out-dir", tmp_path / "quiet", "--provider", "cpu", "-q")
+    assert quiet.returncode == 1
+    assert not any(map(STAGE_LINE.fullmatch, quiet.stderr.splitlines())) and "exit " not in quiet.stderr
+    assert "seconds" not in quiet.stdout and "worst score" not in quiet.stdout

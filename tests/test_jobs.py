@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,8 @@ def _batch(root: Path) -> list[str]:
 
 
 def _same(text: str, out_dir: str) -> str:
-    return text.replace(f"{out_dir}/", "OUT/")
+    """The text with its output folder and its seconds (stage lines, the closing table) put aside."""
+    return re.sub(r"\d+\.\d( s)?$", "SECONDS", text.replace(f"{out_dir}/", "OUT/"), flags=re.M)
 
 
 def test_jobs_gives_the_reports_order_and_exit_code_of_one_job(tmp_path: Path) -> None:
@@ -183,7 +185,7 @@ class _StuckJob:
     """A batch job inside what stands for a long C call (onnxruntime opening a large model): its
     scratch made, the stop signals blocked (no handler runs), until the test makes a file."""
 
-    def convert_own(self, src: str, dst: str) -> None:
+    def convert_own(self, src: str, dst: str, position: str = "") -> None:
         from rlx_onnx_amp.files import private_dir
 
         scratch = private_dir("rlx-amp-stuck-")
@@ -198,7 +200,7 @@ def _run_stuck_worker(ready: str, go: str) -> None:
     from rlx_onnx_amp import batch
 
     batch._worker_start()
-    batch._worker_convert((0, _StuckJob(), ready, go))  # type: ignore[arg-type]
+    batch._worker_convert((0, _StuckJob(), ready, go, ""))  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
@@ -262,7 +264,7 @@ class _LostStopJob:
     """A batch job whose conversion lost its SIGTERM: the handler ran (the stop is recorded)
     but its exception vanished, as one raised inside a `__del__` does, and convert_own returned."""
 
-    def convert_own(self, src: str, dst: str) -> None:
+    def convert_own(self, src: str, dst: str, position: str = "") -> None:
         from rlx_onnx_amp.stops import request_stop
 
         request_stop()
@@ -271,7 +273,7 @@ class _LostStopJob:
 def _run_lost_stop_task(queue: object) -> None:
     from rlx_onnx_amp.batch import _worker_convert
 
-    _worker_convert((0, _LostStopJob(), "in.onnx", "out.onnx"))  # type: ignore[arg-type]
+    _worker_convert((0, _LostStopJob(), "in.onnx", "out.onnx", ""))  # type: ignore[arg-type]
     queue.put("returned to the pool")  # type: ignore[attr-defined]
 
 

@@ -14,8 +14,10 @@ from rlx_onnx_amp.reports.record import Conversion, Failure, Localized, ModelRes
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
 
 __all__ = [
+    "BATCH_LEGEND",
     "DRIFT_COLUMNS",
     "DriftColumn",
+    "batch_table",
     "conversion_markdown",
     "conversion_table",
     "drift_rows",
@@ -370,6 +372,30 @@ def localized_table(localized: Sequence[Localized]) -> tuple[list[str], list[lis
 def worst_score(v: Verification) -> float:
     """The worst output's score (0 with no output): how far from passing the model is."""
     return max((o.score for o in v.outputs if o.score is not None), default=0.0)
+
+
+#: What a batch's closing table's words mean, under it.
+BATCH_LEGEND = (
+    "worst score: the worst output's distance from passing (1 or less passes); "
+    "MACs low: the written model's multiply-accumulates in f16, bf16 or a quantized class"
+)
+
+
+def batch_table(results: Sequence[ModelResult], seconds: Sequence[float | None] = ()) -> str:
+    """A batch's closing table, one row per model: its exit code, MACs low, worst score and
+    seconds, then what the words mean."""
+    rows = []
+    for k, r in enumerate(results):
+        cost = r.conversion.cost if r.conversion is not None else None
+        took = seconds[k] if k < len(seconds) else None
+        rows.append([
+            r.model,
+            r.exit_code,
+            percent(cost.mac_low_share) if cost is not None else "-",
+            fmt(worst_score(r.verify)) if r.verify is not None else "-",
+            "-" if took is None else f"{took:.1f}",
+        ])
+    return table(["model", "exit", "MACs low", "worst score", "seconds"], rows) + f"\n{BATCH_LEGEND}"
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
