@@ -39,7 +39,7 @@ from rlx_onnx_amp.directory import (
     scan_export_dir,
     with_genai_folder_hint,
 )
-from rlx_onnx_amp.errors import AmpError, InputError, first_line
+from rlx_onnx_amp.errors import LINE_LIMIT, AmpError, InputError, ModelRunError, first_line, summarized
 from rlx_onnx_amp.exits import (
     EXIT_INTERNAL,
     EXIT_LOW_GAIN,
@@ -209,8 +209,9 @@ class ConvertJob:
         conversion = dataclasses.replace(staged.conversion, output=shown)
         self._converted(ModelResult(conversion))
         if reference is None:
-            if unverified is not None:  # exit 4 (`ModelResult.exit_code`)
-                warn(f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}")
+            if unverified is not None:  # exit 4 (`ModelResult.exit_code`); the whole reason with -v and in the JSON
+                line = f"{shown}: written, not verified (exit {EXIT_UNVERIFIED}): {unverified}"
+                warn(line if s.verbose else summarized(line, LINE_LIMIT - len("rlx-amp: warning: ")))
             return ModelResult(conversion, unverified=unverified)
         from rlx_onnx_amp.verification.core import verify  # the verification's modules: not for a conversion alone
 
@@ -310,7 +311,10 @@ class ConvertJob:
             warn(f"--data-name {data_name}: {c.output} is written without external data")
 
     def _failed(self, src: str, message: str, code: int) -> ModelResult:
-        click.echo(error_line(message), err=True)
+        """A model of a batch that failed: one line (onnxruntime's words summarized unless -v), and
+        the whole message in the reports."""
+        long = code == ModelRunError.exit_code and not self.settings.verbose
+        click.echo(error_line(summarized(message, LINE_LIMIT - len("rlx-amp: error: ")) if long else message), err=True)
         return ModelResult(failure=Failure(src, message, code))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.errors import LINE_LIMIT, AmpError, ModelRunError, summarized
 from rlx_onnx_amp.exits import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, fail
 from rlx_onnx_amp.files import live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.stops import Terminated, signal_held_during_commit, signals_deferred, stop_handlers
@@ -71,10 +71,11 @@ class _DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool = False) -> None:
-    """Run a command: user errors become one line and their exit code; anything else is a bug
-    (traceback, exit 70) unless an input model fails onnx.checker, which is bad input. `batch`:
-    the models of a batch are committed one by one, so an interrupt says so."""
+def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool = False, verbose: int = 0) -> None:
+    """Run a command: user errors become one line and their exit code (onnxruntime's words
+    summarized unless `verbose`); anything else is a bug (traceback, exit 70) unless an input
+    model fails onnx.checker, which is bad input. `batch`: the models of a batch are committed
+    one by one, so an interrupt says so."""
     def stopped(signum: int) -> tuple[str, int]:  # the line and code of a stop
         word, code = ("interrupted", EXIT_SIGINT) if signum == signal.SIGINT else ("terminated", EXIT_SIGTERM)
         return f"{word}; {_what_was_written(batch)}", code
@@ -84,7 +85,8 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
         try:
             code = fn()
         except AmpError as e:
-            fail(str(e), e.exit_code)
+            long = isinstance(e, ModelRunError) and not verbose
+            fail(summarized(str(e), LINE_LIMIT - len("rlx-amp: error: ")) if long else str(e), e.exit_code)
         except KeyboardInterrupt:
             fail(*stopped(signal.SIGINT))
         except Terminated:
@@ -332,7 +334,9 @@ def convert_cmd(**params: Any) -> None:
     files (with --out-dir), or an optimum or onnxruntime-genai export directory (with -o DIR)."""
     _setup_logging(params["verbose"])
     ctx, models = click.get_current_context(), params["models"]
-    _run_guarded(lambda: _commands().convert(ctx, _command(), **params), models, batch=len(models) > 1)
+    _run_guarded(
+        lambda: _commands().convert(ctx, _command(), **params), models, len(models) > 1, params["verbose"]
+    )
 
 
 #: The command line as given, for a report's `run` (set by `__main__`; else the process's).
@@ -366,7 +370,8 @@ def _command() -> list[str]:
 def verify_cmd(**params: Any) -> None:
     """Compare CANDIDATE against REFERENCE on the same inputs."""
     _setup_logging(params["verbose"])
-    _run_guarded(lambda: _commands().verify(_command(), **params), (params["reference"], params["candidate"]))
+    inputs = (params["reference"], params["candidate"])
+    _run_guarded(lambda: _commands().verify(_command(), **params), inputs, verbose=params["verbose"])
 
 
 @main.command(

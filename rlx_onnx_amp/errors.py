@@ -4,13 +4,17 @@ one line and exits with their `exit_code`. Anything else is a bug and keeps its 
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
+    "LINE_LIMIT",
     "AmpError",
     "InputError",
     "ModelRunError",
     "PolicyError",
     "first_line",
     "message_first_line",
+    "summarized",
 ]
 
 
@@ -45,3 +49,54 @@ def message_first_line(type_name: str, message: str, limit: int = 200) -> str:
     raised in another process)."""
     text = message.strip()
     return text.splitlines()[0][:limit] if text else type_name
+
+
+#: A line of default output holds at most this many characters (issue 41).
+LINE_LIMIT = 160
+
+
+def summarized(text: str, limit: int = LINE_LIMIT, least: int = 40) -> str:
+    """A long message in about `limit` characters, for a line of default output: onnxruntime's
+    "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : " shortened to "NOT_IMPLEMENTED: ", then the
+    middle of its longest part in parentheses (onnxruntime's words, quoted in ours) left out at
+    words, with "...", down to `least` characters: what rlx-amp says around it (the paths as given
+    among it) and how onnxruntime's message ends (the node, the op) stay. Without such a part,
+    the middle of the whole. The whole text is in the JSON report and behind -v."""
+    if len(text) <= limit:
+        return text
+    text = re.sub(r"\[ONNXRuntimeError\] : \d+ : (\w+) : ", r"\1: ", text)
+    start, end = _longest_parenthesized(text)
+    inner = text[start + 1 : end]
+    if len(inner) < 48:  # nothing quoted worth cutting inside
+        return _elided(text, limit)
+    return text[: start + 1] + _elided(inner, max(len(inner) - (len(text) - limit), least)) + text[end:]
+
+
+def _elided(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: its middle left out at words, " ... " in its place."""
+    if len(text) <= limit:
+        return text
+    if limit < 24:
+        return "..."
+    keep = limit - len(" ... ")
+    space = text.rfind(" ", 0, keep * 2 // 5 + 1)
+    space = space if space > 0 else text.find(" ")  # else the first word whole (onnxruntime's code)
+    head = text[:space] if 0 < space <= keep - 10 else ""
+    tail = text[len(text) - (keep - len(head)) :]
+    tail = tail.split(" ", 1)[1] if " " in tail else ""  # never a word cut in two
+    if not head and not tail:  # one long word: its start
+        return text[: limit - 4] + " ..."
+    return " ".join(part for part in (head.rstrip(" ,;:"), "...", tail) if part)
+
+
+def _longest_parenthesized(text: str) -> tuple[int, int]:
+    """Where the longest outermost "(...)" of `text` opens and closes; (0, 0) without one."""
+    best, depth, opened = (0, 0), 0, 0
+    for k, c in enumerate(text):
+        if c == "(":
+            opened, depth = (k if depth == 0 else opened), depth + 1
+        elif c == ")" and depth > 0:
+            depth -= 1
+            if depth == 0 and k - opened > best[1] - best[0]:
+                best = (opened, k)
+    return best

@@ -154,3 +154,45 @@ def test_a_piped_run_prints_a_plain_line_per_stage_and_a_batch_ends_with_a_table
     assert quiet.returncode == 1
     assert not any(map(STAGE_LINE.fullmatch, quiet.stderr.splitlines())) and "exit " not in quiet.stderr
     assert "seconds" not in quiet.stdout and "worst score" not in quiet.stdout
+
+
+def _refused_by_onnxruntime(path: Path) -> Path:
+    """A valid model whose op no runtime registers: onnxruntime refuses it in a long message."""
+    from onnx import TensorProto, helper
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y"))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("SomeCustomOperatorNobodyRegistered", ["r"], ["y"], domain="com.example.custom")]
+    model = helper.make_model(helper.make_graph(nodes, "refused", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example.custom", 1)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_long_onnxruntime_message_is_summarized_whole_with_v_and_in_the_json(tmp_path: Path) -> None:
+    src = _refused_by_onnxruntime(tmp_path / "custom.onnx")
+    whole = "SomeCustomOperatorNobodyRegistered(-1) is not a registered function/op"
+    result = rlx(src.name, "-o", "o.onnx", "--report-json", "r.json", cwd=tmp_path)  # paths as short as a user's
+    assert result.returncode == 4, result.stderr
+    [warning] = [line for line in result.stderr.splitlines() if "not verified (exit 4)" in line]
+    assert len(warning) <= 160 and " ... " in warning and whole not in warning, warning
+    assert "onnxruntime cannot load it" in warning and "[ONNXRuntimeError] : 1 : FAIL : " not in warning
+    assert all(len(line) <= 160 for line in (result.stdout + result.stderr).splitlines() if "onnxruntime" in line)
+    assert whole in json.loads((tmp_path / "r.json").read_text())["unverified"]
+    verbose = rlx(src.name, "-o", "v.onnx", "-v", cwd=tmp_path)
+    assert verbose.returncode == 4 and whole in verbose.stderr
+
+
+def test_an_emulated_verify_leaves_onnxruntimes_refusal_to_v(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA provider present: bf16 may run natively, nothing is emulated")
+    demo, bf16 = tmp_path / "demo.onnx", tmp_path / "bf16.onnx"
+    assert rlx("demo", demo).returncode == 0
+    assert rlx(demo, "-p", "auto-mixed-bf16", "-o", bf16, "--no-verify", "-q").returncode == 0
+    plain = rlx("verify", demo.name, bf16.name, "--provider", "cpu", "--target", "cuda", cwd=tmp_path)
+    assert plain.returncode == 0 and "NOT_IMPLEMENTED" not in plain.stdout, plain.stdout
+    assert max(len(line) for line in plain.stdout.splitlines()) <= 160
+    verbose = rlx("verify", demo.name, bf16.name, "--provider", "cpu", "--target", "cuda", "-v", cwd=tmp_path)
+    assert verbose.returncode == 0 and "NOT_IMPLEMENTED" in verbose.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_onnx_amp.cost import Cost, short_count
+from rlx_onnx_amp.errors import summarized
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.reports.record import Conversion, Failure, Localized, ModelResult, OutputResult, Repair, Verification
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
@@ -341,6 +342,8 @@ def verify_table(v: Verification, verbose: bool = False) -> str:
         f"({', '.join(v.providers_used)})"
         + (f", emulated {v.precision}: {v.emulation_reason}" if v.emulated else "")
     )
+    # onnxruntime's words on why it emulates: whole with -v and in the JSON, left out here.
+    header = header if verbose else summarized(header, least=0)
     lines = [header, table([c.header for c in DRIFT_COLUMNS], drift_rows(v))]
     if v.localized:
         lines += ["", "first nodes where drift starts:", table(*localized_table(v.localized))]
@@ -623,7 +626,7 @@ def latency_line(v: Verification, target: str | None) -> str | None:
     if lat is None:
         return None
     if lat.reference_ms is None or lat.candidate_ms is None:
-        return f"latency on {lat.provider}: not measured ({_summarized(lat.note or 'unknown')})"
+        return f"latency on {lat.provider}: not measured ({summarized(lat.note or 'unknown', 120)})"
     ratio = lat.speedup
     assert ratio is not None
     verdict = "faster" if ratio > 1.05 else "slower" if ratio < 1 / 1.05 else "about the same"
@@ -636,11 +639,6 @@ def latency_line(v: Verification, target: str | None) -> str | None:
     elif verdict == "slower":
         line += f": the written model is slower than the original on {lat.provider}, its target"
     return line
-
-
-def _summarized(text: str, limit: int = 120) -> str:
-    """A long message cut at a word, for one line; the whole text is in the JSON."""
-    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def next_step(results: Sequence[ModelResult]) -> str | None:
