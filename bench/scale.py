@@ -21,6 +21,10 @@ Measurement: each contender runs as
     /usr/bin/time -v -o TIMEFILE prlimit --as=MEM -- timeout -s KILL T  CMD...
 Wall time is taken around that subprocess (perf_counter); peak RSS is /usr/bin/time's
 "Maximum resident set size" (the largest single process of the tree, from wait4 rusage).
+The process tree is also sampled from /proc every 0.1 s (`TreeSampler`): the peak RSS of CMD's
+own process (main), of the largest of its descendants (child: the verification's run of the
+written model in a process of its own, the fork server), and of their sum at one instant
+(tree; pages two processes share, a mapped data file, count twice there).
 A contender that exceeds the address-space limit, crashes or times out is recorded with that
 status, not retried.
 
@@ -38,6 +42,16 @@ times each, alternating, and report their median wall. A line per graph size giv
 rlx / rlx@REV. This is how a refactor is shown to be no slower:
 
     python3 bench/scale.py --nodes 200000 --contenders rlx --baseline-rev a27eb95 --repeat 3
+
+Policies (--policies, comma separated; --model mode): the rlx contender once per entry, in one
+session, each row named `rlx POLICY` (`rlx POLICY --no-verify`). An entry is POLICY, the plain
+command (it screens and verifies; `auto` searches, verifying each candidate), or
+POLICY:no-verify, the conversion alone. Without --policies, rlx runs `--policy P --no-verify`.
+The plain command's report goes to a JSON file (--report-json), and the row gives its verdict
+and, for a search, its evaluations:
+
+    python3 bench/scale.py --model bench/data/llama/llama.onnx --contenders rlx \
+        --policies always-f16:no-verify,always-f16,auto
 
 With --nodes the peers (occ, ort) join the rounds too, K times each, and a line per graph size
 and peer gives rlx / peer of the medians: the converter against onnxruntime's, side by side in
@@ -268,7 +282,10 @@ def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb
             "timeout", "-s", "KILL", str(timeout), *cmd]
     print(f"  [{name}] {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(full, capture_output=True, text=True, env=env, cwd=cwd)
+    with subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as popen, \
+            TreeSampler(popen.pid) as tree:
+        stdout, stderr = popen.communicate()
+    proc = subprocess.CompletedProcess(full, popen.returncode, stdout, stderr)
     wall = time.perf_counter() - t0
     t1 = time.perf_counter()
     subprocess.run(["sync"], check=False)
@@ -288,14 +305,83 @@ def run_one(name: str, cmd: list[str], out: Path, warm_paths: list[Path], mem_gb
             status = f"failed (exit {proc.returncode}): {last[0][:160]}"
     res = {"name": name, "cmd": cmd, "status": status, "wall_s": round(wall, 2), "sync_s": round(sync_s, 2),
            "warm_s": round(warm_s, 2), "peak_rss_mb": tv.get("peak_rss_mb"), "cpu_s": tv.get("cpu_s"),
-           "returncode": proc.returncode}
+           "returncode": proc.returncode, **tree.peaks()}
     if status == "ok":
         res["output"] = _summarize_output(out)
         if proc.stdout.strip().startswith("{"):
             with contextlib.suppress(json.JSONDecodeError):
                 res["worker"] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"  [{name}] {status}: wall {wall:.1f}s, peak RSS {tv.get('peak_rss_mb') or 0:.0f} MB, sync {sync_s:.1f}s", flush=True)
+    print(f"  [{name}] {status}: wall {wall:.1f}s, peak RSS {tv.get('peak_rss_mb') or 0:.0f} MB "
+          f"(sampled: main {res['main_peak_rss_mb'] or 0:.0f}, child {res['child_peak_rss_mb'] or 0:.0f}, "
+          f"tree {res['tree_peak_rss_mb'] or 0:.0f}), sync {sync_s:.1f}s", flush=True)
     return res
+
+
+#: The processes between /usr/bin/time and the contender's command (`run_one`).
+_WRAPPERS = frozenset({"time", "prlimit", "timeout"})
+
+
+class TreeSampler:
+    """Samples the resident set of a process tree from /proc every `interval` seconds, in a
+    thread, while the `with` block runs: the peak of the contender's own process (the first one
+    below the wrappers of `run_one`), of its largest descendant, and of the sum of both kinds at
+    one instant. A process that lives less than `interval` may be missed."""
+
+    def __init__(self, root: int, interval: float = 0.1) -> None:
+        import threading
+
+        self.root, self.interval = root, interval
+        self.main = self.child = self.tree = 0  # bytes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peaks(self) -> dict:
+        return {f"{kind}_peak_rss_mb": round(v / (1 << 20), 1) if v else None
+                for kind, v in (("main", self.main), ("child", self.child), ("tree", self.tree))}
+
+    def _loop(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            parents: dict[int, list[int]] = {}
+            names: dict[int, str] = {}
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(entry.path, "stat").read_text()
+                    name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                    parents.setdefault(int(rest[1]), []).append(int(entry.name))
+                    names[int(entry.name)] = name
+            pid = self.root
+            while names.get(pid) in _WRAPPERS and len(parents.get(pid, [])) == 1:
+                pid = parents[pid][0]
+            if names.get(pid) not in _WRAPPERS and pid in names:
+                below, stack = [], list(parents.get(pid, []))
+                while stack:
+                    p = stack.pop()
+                    below.append(p)
+                    stack.extend(parents.get(p, []))
+                main = self._rss(pid, page)
+                rest = [self._rss(p, page) for p in below]
+                self.main = max(self.main, main)
+                self.child = max(self.child, *rest, 0)
+                self.tree = max(self.tree, main + sum(rest))
+            self._stop.wait(self.interval)
+
+    @staticmethod
+    def _rss(pid: int, page: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            return 0
 
 
 def _cmd(name: str, model: Path, out: Path, policy: str) -> list[str]:
@@ -377,21 +463,76 @@ def _verifies_by_default(t: Tree) -> bool:
     return "--no-verify" in shown.stdout
 
 
+class Slot(NamedTuple):
+    """One rlx command of a round: a tree, the policy it runs and whether it verifies."""
+
+    label: str
+    tree: Tree
+    policy: str
+    verify: bool  # the plain command (screen and verify; `auto` searches)
+    no_verify_flag: bool  # the command says --no-verify (the tree verifies by default)
+
+
+def _slots(trees: list[Tree], args: argparse.Namespace) -> list[Slot]:
+    """Each tree once with `--policy P --no-verify` (the conversion alone; a tree whose plain
+    command does not verify runs it plain), or, with --policies, once per entry (`_policies`)."""
+    slots = []
+    for t in trees:
+        verifies = _verifies_by_default(t)
+        if args.policies is None:
+            slots.append(Slot(t.label, t, args.policy, False, verifies))
+            continue
+        for policy, verify in _policies(args.policies):
+            label = f"{t.label} {policy}" + ("" if verify else " --no-verify")
+            slots.append(Slot(label, t, policy, verify, verifies and not verify))
+    return slots
+
+
+def _policies(spec: str) -> list[tuple[str, bool]]:
+    """--policies: (policy, whether the plain command verifies) per entry, POLICY or POLICY:no-verify."""
+    out = []
+    for entry in spec.split(","):
+        policy, _, mode = entry.strip().partition(":")
+        if not policy or mode not in ("", "no-verify"):
+            raise SystemExit(f"--policies: {entry!r} is not POLICY or POLICY:no-verify")
+        out.append((policy, mode != "no-verify"))
+    return out
+
+
+def _report_summary(path: Path) -> dict | None:
+    """The verdict of a plain command's JSON report, and its search's evaluations where it searched."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    repair = report.get("repair") or {}
+    cost = report.get("cost") or {}
+    return {"passed": (report.get("verify") or {}).get("passed"), "evaluations": repair.get("evaluations"),
+            "kept_f32": len(repair.get("kept_f32") or []) if repair else None,
+            "mac_low_share": cost.get("mac_low_share"), "seconds": (report.get("run") or {}).get("seconds")}
+
+
 def run_rlx(trees: list[Tree], model: Path, work: Path, prefix: str, tag: str, warm_paths: list[Path],
             args: argparse.Namespace, log_dir: Path, peers: list[str] = ()) -> list[dict]:
     """rlx (and rlx@REV), then each of `peers`, --repeat times each, alternating (each round runs
     every one once, so that a drift of the machine's speed meets all alike), writing
     work/<prefix><label>.onnx; one row per tree, then per peer (`_median_row`), named label + tag."""
-    runs: dict[str, list[dict]] = {label: [] for label in [*(t.label for t in trees), *peers]}
-    # The conversion alone: a tree whose plain command verifies (safe by default) gets --no-verify.
-    no_verify = {t.label: ["--no-verify"] if _verifies_by_default(t) else [] for t in trees}
+    slots = _slots(trees, args)
+    runs: dict[str, list[dict]] = {label: [] for label in [*(s.label for s in slots), *peers]}
     for i in range(args.repeat):
         suffix = f"_r{i + 1}" if args.repeat > 1 else ""
-        for t in trees:
-            out = work / f"{prefix}{_safe(t.label)}.onnx"
-            cmd = [*t.base, str(model), "--policy", args.policy, "-o", str(out), "-q", *no_verify[t.label]]
-            name = _safe(t.label) + tag + suffix
-            runs[t.label].append(run_one(name, cmd, out, warm_paths, args.mem_gb, args.timeout, log_dir, t.env, t.cwd))
+        for slot in slots:
+            t = slot.tree
+            out = work / f"{prefix}{_safe(slot.label)}.onnx"
+            report = out.with_name(out.name + ".report.json")
+            extra = ["--report-json", str(report)] if slot.verify else ["--no-verify"] if slot.no_verify_flag else []
+            cmd = [*t.base, str(model), "--policy", slot.policy, "-o", str(out), "-q", *extra]
+            name = _safe(slot.label) + tag + suffix
+            res = run_one(name, cmd, out, warm_paths, args.mem_gb, args.timeout, log_dir, t.env, t.cwd)
+            if slot.verify:
+                res["report"] = _report_summary(report)
+                report.unlink(missing_ok=True)
+            runs[slot.label].append(res)
             if not args.keep:
                 for p in _outputs(out):
                     p.unlink(missing_ok=True)
@@ -482,18 +623,25 @@ def mode_model(args: argparse.Namespace, trees: list[Tree]) -> dict:
     for r in results:
         r["x_floor"] = round(r["wall_s"] / floor["wall_s"], 2) if floor and r["status"] == "ok" else None
         r["rss_frac_of_f32"] = round(r["peak_rss_mb"] * (1 << 20) / f32_bytes, 3) if r.get("peak_rss_mb") else None
+        r["tree_frac_of_f32"] = round(r["tree_peak_rss_mb"] * (1 << 20) / f32_bytes, 3) if r.get("tree_peak_rss_mb") else None
     print()
     print(f"f32 external data: {f32_bytes / 1e9:.3f} GB ({f32_bytes / (1 << 20):.0f} MiB); memory limit {args.mem_gb:g} GiB "
           f"(address space), timeout {args.timeout}s")
     cw = max(8, *(len(r["name"]) for r in results))
-    hdr = f"{'contender':<{cw}} {'status':<10} {'wall s':>8} {'x floor':>8} {'peak RSS MB':>12} {'RSS/f32':>8} {'cpu s':>8} {'sync s':>7} {'out data MB':>12}"
+    hdr = (f"{'contender':<{cw}} {'status':<10} {'wall s':>8} {'x floor':>8} {'peak RSS MB':>12} {'RSS/f32':>8} "
+           f"{'main MB':>8} {'child MB':>9} {'tree MB':>8} {'tree/f32':>9} {'cpu s':>8} {'sync s':>7} {'out data MB':>12}")
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         st = "ok" if r["status"] == "ok" else "FAILED"
         data_mb = (r.get("output") or {}).get("data_mb")
         print(f"{r['name']:<{cw}} {st:<10} {r['wall_s']:>8.1f} {_fmt(r['x_floor'], '.2f'):>8} {_fmt(r['peak_rss_mb'], '.0f'):>12} "
-              f"{_fmt(r['rss_frac_of_f32'], '.2f'):>8} {_fmt(r['cpu_s'], '.1f'):>8} {r['sync_s']:>7.1f} {_fmt(data_mb, '.1f'):>12}")
+              f"{_fmt(r['rss_frac_of_f32'], '.2f'):>8} {_fmt(r.get('main_peak_rss_mb'), '.0f'):>8} "
+              f"{_fmt(r.get('child_peak_rss_mb'), '.0f'):>9} {_fmt(r.get('tree_peak_rss_mb'), '.0f'):>8} "
+              f"{_fmt(r.get('tree_frac_of_f32'), '.2f'):>9} {_fmt(r['cpu_s'], '.1f'):>8} {r['sync_s']:>7.1f} {_fmt(data_mb, '.1f'):>12}")
+    for r in results:
+        if r.get("report"):
+            print(f"  {r['name']}: report {r['report']}")
     for r in results:
         if r["status"] != "ok":
             print(f"  {r['name']}: {r['status']}")
@@ -585,6 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", help="comma-separated node counts for synthetic graphs")
     ap.add_argument("--contenders", default=None, help="default floor,rlx,occ,ort (--nodes: rlx,occ,ort)")
     ap.add_argument("--policy", default=None, help="rlx policy (default always-f16 with --model, auto-mixed with --nodes)")
+    ap.add_argument("--policies", metavar="LIST",
+                    help="--model: run rlx once per entry, POLICY (the plain command: it verifies) or POLICY:no-verify")
     ap.add_argument("--mem-gb", type=float, default=20.0, help="address-space limit per contender (GiB)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per contender")
     ap.add_argument("--peer-timeout", type=int, default=300, help="--nodes: seconds per peer run")
@@ -612,6 +762,10 @@ def main(argv: list[str] | None = None) -> int:
         args.policy = args.policy or "auto-mixed"
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if args.policies is not None and (args.nodes or args.baseline_rev):
+        ap.error("--policies goes with --model, without --baseline-rev")
+    if args.policies is not None:
+        _policies(args.policies)  # a bad entry is refused before anything runs
     if args.baseline_rev and "rlx" not in args.contenders.split(","):
         ap.error("--baseline-rev needs rlx among --contenders")
     t0 = time.perf_counter()

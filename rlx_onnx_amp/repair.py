@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.api import convert_and_report, load_model, resolve_policy, stage_conversion
+from rlx_onnx_amp.api import load_model, resolve_policy, stage_conversion
 from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
@@ -63,8 +64,8 @@ from rlx_onnx_amp.reports.record import (
 )
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, why_not_keepable
 from rlx_onnx_amp.taxonomy import OpKind, copies_values, kind_of
-from rlx_onnx_amp.tensors import WeightSource, tensor_nbytes
-from rlx_onnx_amp.types import model_types, names_read, scoped_graphs, subgraphs
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, tensor_nbytes
+from rlx_onnx_amp.types import all_tensors, model_types, names_read, scoped_graphs, subgraphs
 from rlx_onnx_amp.verification.compare import Scratch, VerifyOptions
 from rlx_onnx_amp.verification.core import Judgement, Verifier
 from rlx_onnx_amp.verification.emulate import emulate
@@ -78,6 +79,11 @@ __all__ = ["DEFAULT_BUDGET", "Evaluation", "Screen", "best_key", "magnitude_scre
 logger = logging.getLogger(__name__)
 
 _FLOAT = onnx.TensorProto.FLOAT
+
+#: The external data file of a candidate the search writes to its scratch directory.
+_CANDIDATE_DATA = "candidate.data"
+#: The data file of the reference's weights clamped for the magnitude screen, in the scratch.
+_SCREEN_DATA = "rlx-amp-screen.data"
 
 #: A tensor whose non-zero values flush to zero at least this often is an underflow region.
 MOSTLY_FLUSHED = 0.5
@@ -135,20 +141,22 @@ def magnitude_screen(
     precision: Precision,
     provider: str,
     tmp: Scratch,
+    base_dir: Path | None = None,
 ) -> Screen:
     """Node path -> reason (`overflow`/`underflow`) from one f32 run of the reference, its
     weights and constants narrowed as `candidate` holds them (a -3.4e38 mask clamped to -65504
     is no overflow). Tensors inside If/Loop/Scan bodies are screened too: they are surfaced as
-    extra outputs of their control-flow node (a Loop's or Scan's per iteration, stacked)."""
+    extra outputs of their control-flow node (a Loop's or Scan's per iteration, stacked).
+    `base_dir`: where the reference's external weights are; those it narrows go to `tmp`."""
     info = PRECISIONS[precision]
-    model, _ = emulate(model, candidate, computed=False)
+    model = _clamped(model, candidate, base_dir, tmp)
     types = model_types(model)
     exposed, surfaced = expose_body_values(model, types)
     main = types.get("", {})
     names = [o for n in model.graph.node for o in n.output if o and main.get(o) == onnx.TensorProto.FLOAT]
     try:
         session = tmp.session(
-            expose_outputs(exposed, names + [out for out, _, _ in surfaced]), None, provider, "reference"
+            expose_outputs(exposed, names + [out for out, _, _ in surfaced]), base_dir, provider, "reference"
         )
         values = session.run(feeds, names + [out for out, _, _ in surfaced])
     except ModelRunError as e:
@@ -156,7 +164,7 @@ def magnitude_screen(
         # them: screen the main graph alone; localization and bisection reach the bodies.
         logger.info("screening bodies failed (%s); screening the main graph only", e)
         surfaced = []
-        session = tmp.session(expose_outputs(model, names), None, provider, "reference")
+        session = tmp.session(expose_outputs(model, names), base_dir, provider, "reference")
         values = session.run(feeds, names)
     del session
     screen = Screen()
@@ -194,6 +202,25 @@ def magnitude_screen(
                 screen.keep.setdefault(f"{scope}{i}", reason)
     screen.consumers_only = set(screen.keep) - producers
     return screen
+
+
+def _clamped(
+    model: onnx.ModelProto, candidate: onnx.ModelProto, base_dir: Path | None, tmp: Scratch
+) -> onnx.ModelProto:
+    """`model` with its weights and constants clamped to the range `candidate` holds them in
+    (`emulate(computed=False)`): the clamped external weights go to a data file in the
+    workspace of `base_dir`, where the rest is linked from, never into memory."""
+    locations = external_locations(all_tensors(model))
+    if not locations:
+        return emulate(model, candidate, WeightSource(base_dir, "reference"), computed=False)[0]
+    name = _SCREEN_DATA
+    while name in locations:
+        name = "_" + name
+    sink = ExternalSink(tmp.workspace(base_dir) / name, name, scratch=True)
+    try:
+        return emulate(model, candidate, WeightSource(base_dir, "reference"), sink, computed=False)[0]
+    finally:
+        sink.close()
 
 
 def _magnitude_flag(values: np.ndarray, info: PrecisionInfo) -> tuple[str, bool] | None:
@@ -258,35 +285,71 @@ def _rounding_loss(values: np.ndarray, info: PrecisionInfo) -> float:
 
 class _Evaluator:
     """Converts the reference with a set of kept node paths and judges the candidate against the
-    reference's one run (`Verifier.judge`)."""
+    reference's one run (`Verifier.judge`).
+
+    The reference is held as its graph: its external weights stay in their files, and each
+    candidate's are streamed into a directory of the scratch (`_write`), judged from there, and
+    removed when the next candidate is made or the search ends (`release`). A search then holds
+    one session's memory at a time, as the plain command does, not the reference's weights and a
+    candidate's beside it."""
 
     def __init__(self, verification: Verifier, policy: Policy, options: ConvertOptions) -> None:
         self.verification = verification
         self.policy = policy
         self.options = options
-        self.model = load_model(verification.reference.path, load_external_data=True)
+        path = verification.reference.path
+        self.model = load_model(path)
+        self.base_dir = path.parent
+        self.source = WeightSource(path.parent, str(path))
+        self.external = bool(external_locations(all_tensors(self.model)))
         self.evaluations = 0
         self.judgement: Judgement | None = None
         self.candidate: onnx.ModelProto | None = None
+        self._files: Path | None = None  # the scratch directory of the candidate judged last
 
     def conversion_of(self, keep: Mapping[str, str]) -> Conversion:
         """What converting with `keep` does, without evaluating it (a dry run of the weights)."""
         work = onnx.ModelProto()
         work.CopyFrom(self.model)
         options = dataclasses.replace(_with_kept(self.options, keep), cost=False)
-        return convert_model(work, self.policy, options, weights=False)
+        return convert_model(work, self.policy, options, source=self.source, weights=False)
 
     def evaluate(self, keep: Mapping[str, str]) -> tuple[bool, float, Conversion]:
         """(passed, score, conversion); score: the worst output's `OutputResult.score`."""
         self.evaluations += 1
+        self.release()  # the previous candidate, its files included, first
         # Not proven here: onnxruntime loads (or emulates) it next, and the model written is
         # staged and proven as any conversion is.
-        candidate, conversion = convert_and_report(
-            self.model, self.policy, options=_with_kept(self.options, keep), check=False
-        )
-        self.judgement = None  # release the previous candidate first
-        self.judgement, self.candidate = self.verification.judge(candidate), candidate
+        candidate, conversion, path = self._write(keep)
+        self.judgement, self.candidate = self.verification.judge(candidate, path), candidate
         return self.judgement.passed, self.judgement.score, conversion
+
+    def _write(self, keep: Mapping[str, str]) -> tuple[onnx.ModelProto, Conversion, Path]:
+        """The candidate that keeps `keep` in f32, written to a fresh scratch directory with its
+        weights (as one external data file beside it when the reference's are external)."""
+        folder = self.verification.scratch.file("candidate")
+        folder.mkdir()
+        self._files = folder
+        candidate = onnx.ModelProto()
+        candidate.CopyFrom(self.model)
+        sink = ExternalSink(folder / _CANDIDATE_DATA, _CANDIDATE_DATA, scratch=True) if self.external else WeightSink()
+        try:
+            conversion = convert_model(
+                candidate, self.policy, _with_kept(self.options, keep), source=self.source, sink=sink,
+                label=str(self.verification.reference.path),
+            )
+        finally:
+            sink.close()
+        path = folder / "candidate.onnx"
+        path.write_bytes(candidate.SerializeToString())
+        return candidate, conversion, path
+
+    def release(self) -> None:
+        """Forget the candidate judged last and remove its files."""
+        self.judgement = self.candidate = None
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
+            self._files = None
 
     def localize_first(self) -> list[Localized]:
         assert self.judgement is not None
@@ -479,6 +542,7 @@ def _repair(
         ev = _Evaluator(choosing, resolved, options)
         search = _Search(ev, budget, progress)
         found = _search(ev, search, choosing)
+        ev.release()  # the last candidate's files, before the chosen one is written
         chosen = found.chosen
         staged = stage_conversion(
             src, dst, outputs, paths, resolved, data_name=data_name, options=_with_kept(options, chosen.keep)
@@ -525,7 +589,8 @@ def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
         # The candidate just evaluated is the policy's own conversion.
         reference = verification.reference
         screen = magnitude_screen(
-            ev.model, ev.candidate, reference.samples[0], precision, reference.provider, verification.scratch
+            ev.model, ev.candidate, reference.samples[0], precision, reference.provider, verification.scratch,
+            ev.base_dir,
         )
         screen.keep = {p: r for p, r in screen.keep.items() if p in keepable}
         if screen.keep:

@@ -167,3 +167,23 @@ def test_repair_emulates_a_candidate_the_provider_cannot_load(tmp_path: Path, mo
     assert conversion.target == "cuda" and conversion.by_op["MatMul"] == {"bf16": 8}
     with pytest.raises(ModelRunError):
         repair_file(src, out, "auto-mixed-bf16", verify_options=VerifyOptions(provider="cpu", emulate=False))
+
+
+@pytest.mark.parametrize("name", ["mask_softmax", "pow_layernorm", "cancellation"])
+def test_repair_of_external_weights_searches_as_inline(name: str, tmp_path: Path) -> None:
+    # A model with external data is searched with its weights streamed through each candidate's
+    # scratch files (never loaded whole): the same evaluations, scores and keeps as inline, the
+    # magnitude screen included.
+    model = _cancellation_model() if name == "cancellation" else BROKEN_IN_F16[name]().model
+    inline, external = tmp_path / "inline.onnx", tmp_path / "ext" / "external.onnx"
+    external.parent.mkdir()
+    onnx.save(model, str(inline))
+    onnx.save(model, str(external), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="external.onnx.data", size_threshold=64)  # small shape tensors inline, as onnxruntime reads them
+    assert any(t.data_location == TensorProto.EXTERNAL for t in onnx.load(str(external), load_external_data=False).graph.initializer)
+    results = [repair_file(src, tmp_path / f"out_{src.stem}.onnx", "always-f16")[2] for src in (inline, external)]
+    steps = [[(s.stage, s.kept, s.passed, s.score) for s in r.history] for r in results]
+    assert steps[0] == steps[1] and results[0].kept_f32 == results[1].kept_f32 and results[1].passed
+    assert len(steps[1]) > 1  # a search, not the policy's conversion alone
+    if name != "cancellation":
+        assert any(s[0] == "magnitude screen" for s in steps[1]), steps
