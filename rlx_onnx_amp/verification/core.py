@@ -117,14 +117,15 @@ class Verifier:
         label: str = "candidate",
         progress: Progress | None = None,
         cannot_run: str | None = None,
+        ran: bool = False,
     ) -> Judgement:
         """`model` (read from `path` when given, else saved to scratch) run on every input set,
-        or its emulation (see `compare.open_compared`), and each output judged against the
-        reference's by the tolerance."""
+        or its emulation (see `compare.open_compared`: `cannot_run`, `ran`), and each output
+        judged against the reference's by the tolerance."""
         ref = self.reference
         compared = open_compared(
             ref.model, ref.path.parent, model, path, ref.provider, self.options.emulate, self.scratch, label, progress,
-            cannot_run,
+            cannot_run, ran,
         )
         runs = run_each(compared, ref.samples, ref.output_names, progress, "running the candidate")
         compared.release()
@@ -178,7 +179,9 @@ class Verifier:
         # The written file itself runs once here before any verdict (in a child process: an
         # onnxruntime crash is this run's exit 3, not its end); that run is timed too.
         cand_ms, cand_error = self._run_written(cand_path, cand_label)
-        judgement = self.judge(cand_model, cand_path, label=cand_label, progress=progress, cannot_run=cand_error)
+        judgement = self.judge(
+            cand_model, cand_path, label=cand_label, progress=progress, cannot_run=cand_error, ran=cand_error is None
+        )
         localized = None
         trace: list[TracePoint] | None = None
         if options.localize:
