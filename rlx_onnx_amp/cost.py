@@ -495,7 +495,7 @@ def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
         # the model into the working directory and raises, and the shapes it found are what
         # the cost model wants (nothing is written outside the paths a run was given).
         inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        inference._preprocess(model)
+        inference._preprocess(_stubs_as_inputs(model))
         while inference.run_:
             inference._infer_impl()
         inference._update_output_from_vi()
@@ -503,6 +503,36 @@ def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     except Exception as e:  # any failure leaves the figures to what onnx's inference gave
         logger.info("cost: onnxruntime's symbolic shape inference stopped (%s)", first_line(e))
         return None
+
+
+def _stubs_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (a weightless copy) with the initializers that lost their bytes as graph inputs
+    of their type and dims: symbolic inference folds what reads only constants, and cannot fold
+    a tensor without its bytes (a Cast -> Mul dequantization of an int8 weight stopped it)."""
+    stubs = [t for t in model.graph.initializer if not _has_bytes(t)]
+    if not stubs:
+        return model
+    names = {t.name for t in stubs}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [t for t in copy.graph.initializer if t.name not in names]
+    copy.graph.ClearField("initializer")
+    copy.graph.initializer.extend(kept)
+    declared = {vi.name for vi in copy.graph.input}
+    copy.graph.input.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in stubs if t.name not in declared
+    )
+    return copy
+
+
+def _has_bytes(t: onnx.TensorProto) -> bool:
+    """Whether the tensor holds its values (or has none to hold), here or in an external file."""
+    return (
+        _numel(tuple(t.dims)) == 0
+        or t.data_location == onnx.TensorProto.EXTERNAL
+        or bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)
+        or bool(t.string_data)
+    )
 
 
 def _count_node(

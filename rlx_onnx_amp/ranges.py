@@ -484,29 +484,44 @@ def _dequantized_in(
     ]
     finals: dict[str, frozenset[tuple[str, str]] | None] = {}
 
-    def feeds(value: str) -> frozenset[tuple[str, str]] | None:
-        """The Compute nodes `value` finally feeds; None where it feeds anything else."""
-        if value in finals:
-            return finals[value]
-        finals[value] = None  # a cycle cannot happen in a valid graph; this guards the walk
-        found: set[tuple[str, str]] = set()
-        for reader, _ in consumers.get(value, ()):
-            key = (canonical_domain(reader.domain), reader.op_type)
-            if key[0] == "" and reader.op_type in DEQUANTIZE_STEPS and reader.output:
-                below = feeds(reader.output[0])
-                if below is None:
-                    return None
-                found |= below
-            elif kind_of(*key) is OpKind.COMPUTE:
-                found.add(key)
-            else:
-                return None
-        finals[value] = frozenset(found) if found else None
-        return finals[value]
+    def settle(value: str) -> None:
+        """finals[v]: the Compute nodes v finally feeds, None where it feeds anything else, for
+        `value` and the steps below it; those below first, with a stack of its own, not a
+        recursion as deep as the chain."""
+        stack, expanded = [value], set()
+        while stack:
+            current = stack[-1]
+            if current in finals:
+                stack.pop()
+                continue
+            below = [r.output[0] for r, _ in consumers.get(current, ()) if _is_step(r) and r.output]
+            pending = [o for o in below if o not in finals]
+            if pending and current not in expanded:  # a second visit finds them settled (a graph has no cycle)
+                expanded.add(current)
+                stack.extend(pending)
+                continue
+            stack.pop()
+            found: set[tuple[str, str]] = set()
+            for reader, _ in consumers.get(current, ()):
+                key = (canonical_domain(reader.domain), reader.op_type)
+                fed = finals.get(reader.output[0]) if _is_step(reader) and reader.output else None
+                if fed is not None:
+                    found |= fed
+                elif kind_of(*key) is OpKind.COMPUTE and not _is_step(reader):
+                    found.add(key)
+                else:  # it feeds something else (or a step that does)
+                    found.clear()
+                    break
+            finals[current] = frozenset(found) if found else None
 
     for start in starts:
-        feeds(start)
+        settle(start)
     return {scoped_name(path, v): ops for v, ops in finals.items() if ops}
+
+
+def _is_step(node: NodeProto) -> bool:
+    """A step of a dequantization (`DEQUANTIZE_STEPS`, default domain)."""
+    return canonical_domain(node.domain) == "" and node.op_type in DEQUANTIZE_STEPS
 
 
 _INTEGER_TYPES = frozenset({
@@ -527,19 +542,22 @@ def _shape_values_in(graph: GraphProto, path: str, consumers: Mapping[str, list[
         return node.op_type == "Cast" and canonical_domain(node.domain) == "" and to in _INTEGER_TYPES
 
     def shape_only(value: str) -> bool:
-        if value in known:
-            return known[value]
-        known[value] = False  # a guard while the walk is under way
-        found = value not in outputs and bool(readers.get(value)) and all(
-            to_integer(r) or (r.op_type != "Cast" and all(o and shape_only(o) for o in r.output))
+        """Read only by Casts to an integer and by nodes whose every output is shape-only
+        (`known` holds those outputs already: the walk below goes against the graph's order)."""
+        return value not in outputs and bool(readers.get(value)) and all(
+            to_integer(r) or (r.op_type != "Cast" and all(o and known.get(o, False) for o in r.output))
             for r in readers.get(value, ())
         )
-        known[value] = found
-        return found
 
     starts = [o for node in graph.node for o in node.output if o and any(to_integer(r) for r in readers.get(o, ()))]
     if not starts:
         return set()
+    # From the last node to the first, so a value's readers are settled before it: a loop, not a
+    # recursion as deep as the graph (a 6-layer BERT export is deeper than Python's stack).
+    for node in reversed(graph.node):
+        for o in node.output:
+            if o:
+                known[o] = shape_only(o)
     # Walk up from the values cast to integers: only their producers' inputs can be shape values.
     pending, seen = list(starts), set()
     producer = {o: node for node in graph.node for o in node.output if o}
@@ -551,4 +569,4 @@ def _shape_values_in(graph: GraphProto, path: str, consumers: Mapping[str, list[
         node = producer.get(value)
         if node is not None:
             pending.extend(i for i in node.input if i)
-    return {scoped_name(path, v) for v in seen if shape_only(v)}
+    return {scoped_name(path, v) for v in seen if (known[v] if v in known else shape_only(v))}

@@ -171,3 +171,29 @@ def test_a_policy_that_lowers_no_mac_says_so_whatever_its_cast_count(tmp_path: P
     result = rlx(quantized, "--policy", "auto-mixed", "-o", tmp_path / "q16.onnx", "--report-json", tmp_path / "q.json")
     report = json.loads((tmp_path / "q.json").read_text())
     assert report["cost"]["macs_by_precision"]["int8"] > 0 and "hint:" not in result.stderr
+
+
+def test_macs_behind_a_contrib_op_and_a_weight_dequantized_by_hand() -> None:
+    """x (symbolic batch) -> com.microsoft Gelu -> MatMul(Cast(int8 W) * scale): onnx's inference
+    stops at the contrib op and onnxruntime's symbolic inference takes over; it folds what reads
+    only constants, and the int8 weight (512x256: the cost model's copy holds no bytes for it)
+    must not stop it (it did: 0 MACs, the MatMul unknown, as on a weight-only int8 BERT export)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(5).integers(-127, 127, (512, 256), dtype=np.int8)
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft"),
+             helper.make_node("Cast", ["wq"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["wf", "s"], ["w"]),
+             helper.make_node("MatMul", ["g", "w"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 256])],
+            [numpy_helper.from_array(w, "wq"), numpy_helper.from_array(np.array(0.01, np.float32), "s")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    cost = estimate_cost(model, {"x": [4, 512]})
+    assert (cost.macs, cost.unknown_macs_nodes) == (4 * 512 * 256, 0)
+    assert cost.macs_by_precision["int8"] == cost.macs  # an f32 MatMul of a dequantized int8 weight

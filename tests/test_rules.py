@@ -315,6 +315,29 @@ def test_shape_arithmetic() -> None:
     _same_numbers(model, out, feeds)
 
 
+def test_shape_arithmetic_on_a_graph_deeper_than_pythons_stack() -> None:
+    """A value cast to an integer early and read down a 3,000-node chain (a BERT export is such
+    a graph): the walk that decides shape-only values must not recurse as deep as the graph
+    (it did: RecursionError, exit 70). The chain is not shape arithmetic, so it lowers."""
+    depth = 3000
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="head"),
+             helper.make_node("Cast", ["r"], ["r_i"], to=onnx.TensorProto.INT64),
+             helper.make_node("Shape", ["r_i"], ["n"])]
+    value = "r"
+    for i in range(depth):
+        nodes.append(helper.make_node("Neg", [value], [f"c{i}"]))
+        value = f"c{i}"
+    nodes.append(helper.make_node("Identity", [value], ["y"]))
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    y = helper.make_tensor_value_info("y", F, [2, 3])
+    n = helper.make_tensor_value_info("n", TensorProto.INT64, [2])
+    model = _model(nodes, [x], [y, n], [], opset=13)
+    out, report = convert_and_report(model, "always-f16")
+    assert "shape-arithmetic" not in {k.code for k in report.kept_f32}
+    assert report.index.decisions["0"] == "f16"  # the head Relu: read by the chain, not only by the Cast
+    _same_numbers(model, out, {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2})
+
+
 def test_dequantize_follows_consumer() -> None:
     """Cast(int8 -> f32) -> Sub(zero point) -> Mul(scale) -> MatMul: under auto-mixed the MatMul
     stays f32, and so do the Sub and the Mul with it, so no Cast enters the dequantization; the
@@ -343,6 +366,25 @@ def test_dequantize_follows_consumer() -> None:
     assert "dequantize-follows-consumer" not in low_report.by_rule
     assert low_report.index.decisions["2"] == "f16" and low_report.index.decisions["3"] == "f16"
     _same_numbers(model, low, feeds, tol=5e-2)
+
+
+def test_dequantize_follows_consumer_down_a_chain_deeper_than_pythons_stack() -> None:
+    """Cast(int8 -> f32) -> 2,000 Adds of a scale -> MatMul: the walk that finds what a
+    dequantization feeds goes down the whole chain without recursing (3,000 frames would end
+    the run), and every step stays f32 with its f32 MatMul under auto-mixed."""
+    depth = 2000
+    inits = [numpy_helper.from_array(np.arange(-16, 16, dtype=np.int8).reshape(8, 4), "wq"),
+             numpy_helper.from_array(np.array(0.001, np.float32), "s")]
+    nodes = [helper.make_node("Cast", ["wq"], ["w0"], to=F, name="cast")]
+    for i in range(depth):
+        nodes.append(helper.make_node("Add", [f"w{i}", "s"], [f"w{i + 1}"], name=f"step{i}"))
+    nodes.append(helper.make_node("MatMul", ["x", f"w{depth}"], ["y"], name="fc"))
+    x = helper.make_tensor_value_info("x", F, [2, 8])
+    y = helper.make_tensor_value_info("y", F, [2, 4])
+    model = _model(nodes, [x], [y], inits)
+    out, report = convert_and_report(model, "auto-mixed")
+    assert report.by_rule.get("dequantize-follows-consumer") == depth and report.casts_inserted == 0
+    _same_numbers(model, out, {"x": np.ones((2, 8), np.float32)}, tol=1e-6)
 
 
 def test_weight_range() -> None:
