@@ -186,6 +186,7 @@ class ConvertJob:
             paths=self.paths,
             progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
         )
+        lines.release()
         lines.end()
         result = ModelResult(dataclasses.replace(conversion, output=shown), verified, repaired)
         self._converted(result)
@@ -205,6 +206,7 @@ class ConvertJob:
             staged = stage_conversion(
                 src, dst, outputs, self.paths, s.policy, options=options, data_name=s.data_name, progress=progress
             )
+        lines.release()
         lines.end()
         conversion = dataclasses.replace(staged.conversion, output=shown)
         self._converted(ModelResult(conversion))
@@ -540,13 +542,27 @@ class StageLines:
     """Where stderr is no terminal (a CI log) and not --quiet: one plain line as each stage of a
     model ends, with its seconds (`[k/N] ` before the model in a batch), and one as the model
     ends, with its exit code; no bar, no carriage return. A stage that an error ends says
-    nothing: the error is the line."""
+    nothing: the error is the line. The lines wait until the output's paths have passed their
+    checks (`release`), so bad input still gets one line, though the reference runs first."""
 
     def __init__(self, model: str, enabled: bool, position: str = "") -> None:
         self.enabled = enabled
         self.prefix = f"rlx-amp: {position}{model if len(model) <= 90 else '...' + model[-87:]}"
         self.stage: str | None = None
         self.since = self.started = time.monotonic()
+        self.held: list[str] | None = []
+
+    def _echo(self, line: str) -> None:
+        if self.held is None:
+            click.echo(line, err=True)
+        else:
+            self.held.append(line)
+
+    def release(self) -> None:
+        """The inputs and outputs are good: the lines held so far, and the rest as they come."""
+        held, self.held = self.held or [], None
+        for line in held:
+            click.echo(line, err=True)
 
     def begin(self, stage: str) -> None:
         if stage != self.stage:
@@ -557,11 +573,12 @@ class StageLines:
         """The stage ends: its line, with the seconds since the line before (or the model's start)."""
         now = time.monotonic()
         if self.enabled and self.stage is not None:
-            click.echo(f"{self.prefix}: {self.stage}: {now - self.since:.1f} s", err=True)
+            self._echo(f"{self.prefix}: {self.stage}: {now - self.since:.1f} s")
         self.stage, self.since = None, now
 
     def done(self, exit_code: int) -> None:
         self.end()
+        self.release()
         if self.enabled:
             click.echo(f"{self.prefix}: exit {exit_code} after {time.monotonic() - self.started:.1f} s", err=True)
 

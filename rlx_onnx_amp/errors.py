@@ -60,15 +60,16 @@ def summarized(text: str, limit: int = LINE_LIMIT, least: int = 40) -> str:
     "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : " shortened to "NOT_IMPLEMENTED: ", then the
     middle of its longest part in parentheses (onnxruntime's words, quoted in ours) left out at
     words, with "...", down to `least` characters: what rlx-amp says around it (the paths as given
-    among it) and how onnxruntime's message ends (the node, the op) stay. Without such a part,
-    the middle of the whole. The whole text is in the JSON report and behind -v."""
+    among it) and how onnxruntime's message ends (the node, the op) stay. Without such a part
+    the text is rlx-amp's own (a crash: the model, the provider, the signal) and stays whole.
+    The whole text is in the JSON report and behind -v."""
     if len(text) <= limit:
         return text
     text = re.sub(r"\[ONNXRuntimeError\] : \d+ : (\w+) : ", r"\1: ", text)
     start, end = _longest_parenthesized(text)
     inner = text[start + 1 : end]
     if len(inner) < 48:  # nothing quoted worth cutting inside
-        return _elided(text, limit)
+        return text
     return text[: start + 1] + _elided(inner, max(len(inner) - (len(text) - limit), least)) + text[end:]
 
 

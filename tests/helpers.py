@@ -8,6 +8,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,3 +184,12 @@ def data_file(model_path) -> Path:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert location.endswith(f".{digest[:16]}.data"), (location, digest)
     return path
+
+
+#: A piped run's progress lines (`batch.StageLines`): a stage's seconds, or the model's exit and seconds.
+PROGRESS_LINE = re.compile(r"rlx-amp: (\[\d+/\d+\] )?\S+: ([a-z ]+: \d+\.\d s|exit \d+ after \d+\.\d s)")
+
+
+def without_progress(stderr: str) -> list[str]:
+    """The lines of `stderr` but a piped run's progress lines."""
+    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.fullmatch(line)]

@@ -26,6 +26,7 @@ OTHER_TOOLS_FLAGS = {
     "--no-deps", "--index", "--workdir", "--keep", "--models", "--budget", "--baseline-rev", "--rounds",
     "--repeats", "--repeat", "--node-cases", "--emulation", "--task", "--config", "--package-config", "--strict",
     "--rlx-policy", "--tv-python",  # bench/gain_zoo.py
+    "--policies",  # bench/scale.py
 }
 
 
