@@ -88,6 +88,22 @@ def test_a_dequantization_follows_its_consumer(models: dict[str, Path], tmp_path
     np.testing.assert_allclose(run(f16, feeds(3))[0], run(onnx.load(str(src)), feeds(3))[0], atol=2e-2, rtol=2e-2)
 
 
+def test_a_dequantize_linear_is_never_read_through_a_cast(models: dict[str, Path], tmp_path: Path) -> None:
+    """QDQ (DequantizeLinear -> MatMul -> QuantizeLinear): onnxruntime fuses the group into an
+    integer kernel, so under every policy the group keeps its types (rule qdq-region), no Cast
+    reads a DequantizeLinear's output, its int8 weights stay byte-identical, and the MACs count
+    as int8."""
+    src = models["qdq"]
+    for policy in ("auto-mixed", "always-f16", "auto"):
+        code, data = _convert(src, tmp_path / f"{policy}.onnx", policy)
+        assert code == 0, policy
+        converted = onnx.load(str(tmp_path / f"{policy}.onnx"))
+        dequantized = {o for n in converted.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+        assert not [n.name for n in converted.graph.node if n.op_type == "Cast" and n.input[0] in dequantized]
+        assert integer_digest(converted) == integer_digest(onnx.load(str(src)))
+        assert data["cost"]["macs_by_precision"]["int8"] == data["cost"]["macs"] > 0
+
+
 def test_q4_to_q4f16_is_a_recipe_the_gate_passes(models: dict[str, Path], tmp_path: Path) -> None:
     src, out = models["q4"], tmp_path / "q4f16.onnx"
     code, data = _convert(src, out, "always-f16", "--min-low-share", "0.9")
