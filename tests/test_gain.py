@@ -123,3 +123,24 @@ def test_a_cpu_stand_in_draws_no_speed_conclusion(tmp_path: Path) -> None:
     quiet = rlx(src, "-p", "always-f16", "-o", tmp_path / "o2.onnx", "--provider", "cpu", "--latency-runs", "0",
                 "--report-json", tmp_path / "r.json")
     assert "latency" not in quiet.stdout and "latency" not in json.loads((tmp_path / "r.json").read_text())["verify"]
+
+
+def test_a_written_model_slower_on_its_target_says_so_in_one_line(tmp_path: Path) -> None:
+    """--target cpu and a candidate measured slower there: the latency line says so; the same
+    figures on a stand-in provider draw no conclusion. (The times are set, not raced.)"""
+    import dataclasses
+
+    from rlx_onnx_amp.reports.record import Latency
+    from rlx_onnx_amp.reports.text import latency_line
+    from rlx_onnx_amp.verification import VerifyOptions, verify
+
+    src, out = tmp_path / "block.onnx", tmp_path / "o.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    assert rlx(src, "-p", "always-f16", "-o", out, "--no-verify", "-q").returncode == EXIT_OK
+    measured = verify(src, out, VerifyOptions(provider="cpu", latency_runs=0))
+    slower = dataclasses.replace(measured, latency=Latency("cpu", 5, 1.0, 2.5, None))
+    line = latency_line(slower, "cpu")
+    assert line is not None and "0.40x, slower" in line and line.endswith("slower than the original on cpu, its target")
+    assert "no speed conclusion" in (latency_line(slower, "cuda") or "")
+    faster = dataclasses.replace(measured, latency=Latency("cpu", 5, 2.5, 1.0, None))
+    assert "2.50x, faster" in (latency_line(faster, "cpu") or "") and "slower" not in (latency_line(faster, "cpu") or "")
