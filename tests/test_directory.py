@@ -105,6 +105,75 @@ def test_cache_types_must_agree_across_a_directory(tmp_path: Path) -> None:
     assert rlx(export, "-p", "auto-mixed", "-o", out, "-q").returncode == 0  # kept I/O types agree
 
 
+def _seq2seq_decoders(export: Path) -> None:
+    """optimum's two decoders of a seq2seq export, in small: decoder_model.onnx computes the
+    encoder cache (present.0.encoder.key = Transpose(encoder states @ W)); decoder_model_merged.onnx
+    holds the same step under an If whose with-past branch gives that output a placeholder
+    Constant (as optimum's merge writes it) and whose other branch computes it."""
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.2).astype(np.float32), "w")
+
+    def step(logits: str, present: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("MatMul", ["enc", "w"], [f"{logits}_k"]),
+                helper.make_node("Transpose", [f"{logits}_k"], [present], perm=[1, 0]),
+                helper.make_node("Relu", [f"{logits}_k"], [logits])]
+
+    enc = helper.make_tensor_value_info("enc", F, [4, 16])
+    outs = [helper.make_tensor_value_info("logits", F, [4, 16]),
+            helper.make_tensor_value_info("present.0.encoder.key", F, [16, 4])]
+    plain = helper.make_graph(step("logits", "present.0.encoder.key"), "decoder", [enc], outs, [w])
+    onnx.save(helper.make_model(plain, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(export / "decoder_model.onnx"))
+    placeholder = numpy_helper.from_array(np.zeros((16, 4), np.float32))
+    with_past = helper.make_graph(
+        [helper.make_node("Relu", ["past_key_values.0.encoder.key"], ["past_r"]),
+         helper.make_node("Transpose", ["past_r"], ["logits_t"], perm=[1, 0]),
+         helper.make_node("Identity", ["logits_t"], ["logits_b"]),
+         helper.make_node("Constant", [], ["present_b"], value=placeholder)],
+        "with_past", [],
+        [helper.make_tensor_value_info("logits_b", F, [4, 16]), helper.make_tensor_value_info("present_b", F, [16, 4])])
+    first = helper.make_graph(
+        step("logits_a", "present_a"), "first", [],
+        [helper.make_tensor_value_info("logits_a", F, [4, 16]), helper.make_tensor_value_info("present_a", F, [16, 4])])
+    merged = helper.make_graph(
+        [helper.make_node("If", ["use_cache_branch"], ["logits", "present.0.encoder.key"],
+                          then_branch=with_past, else_branch=first)],
+        "decoder_merged",
+        [enc, helper.make_tensor_value_info("past_key_values.0.encoder.key", F, [16, 4]),
+         helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1])],
+        outs, [w])
+    model = helper.make_model(merged, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(export / "decoder_model_merged.onnx"))
+
+
+def test_a_merged_decoders_placeholder_cache_follows_the_plain_decoders_type(tmp_path: Path) -> None:
+    """--no-keep-io-types on a seq2seq export: the merged decoder's encoder cache comes out f16
+    like the plain decoder's (its placeholder branch agrees with any type), where it came out
+    f32 and the directory was refused (exit 2); the merged decoder still runs both branches."""
+    export, out = tmp_path / "export", tmp_path / "out"
+    export.mkdir()
+    _seq2seq_decoders(export)
+    result = rlx(export, "-p", "always-f16", "--no-keep-io-types", "-o", out, "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    types = {}
+    for name in ("decoder_model.onnx", "decoder_model_merged.onnx"):
+        model = onnx.load(str(out / name))
+        types[name] = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+        onnx.checker.check_model(model, full_check=True)
+    assert types["decoder_model.onnx"]["present.0.encoder.key"] == H
+    assert types["decoder_model_merged.onnx"]["present.0.encoder.key"] == H
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out / "decoder_model_merged.onnx"), providers=["CPUExecutionProvider"])
+    enc = np.random.default_rng(8).standard_normal((4, 16)).astype(np.float16)
+    past = np.ones((16, 4), np.float16)
+    for branch in (False, True):
+        got = session.run(None, {"enc": enc, "past_key_values.0.encoder.key": past,
+                                 "use_cache_branch": np.array([branch])})
+        assert [g.dtype for g in got] == [np.float16, np.float16] and all(np.isfinite(g).all() for g in got)
+
+
 def _genai_client(directory: Path) -> dict:
     result = subprocess.run([sys.executable, str(REPO / "fixtures" / "genai_client.py"), str(directory)],
                             capture_output=True, text=True, timeout=600)

@@ -310,7 +310,10 @@ def _declare(scope: Scope, name: str, elem: int) -> None:
 def _body_output_types(main: Scope) -> dict[str, int]:
     """Without keep_io_types, the low type a main-graph output made by If/Loop/Scan takes:
     the one its bodies compute it in (the node's interface stays f32, rule control-flow),
-    where every body agrees on one low type."""
+    where every body agrees on one low type. A body whose output is a constant (optimum's
+    merged decoder gives the encoder cache a placeholder Constant in its with-past branch)
+    agrees with any: else that cache would be f32 out of the merged decoder and f16 out of the
+    plain one, and a generator feeds one back as the other."""
     outputs = {o.name for o in main.graph.output}
     found: dict[str, int] = {}
     for i, d in enumerate(main.decisions):
@@ -324,7 +327,9 @@ def _body_output_types(main: Scope) -> dict[str, int]:
             types = set()
             for body in bodies:
                 inner = body.graph.output[k + skip].name if k + skip < len(body.graph.output) else None
-                types.add(body.storage_type(inner) if inner else None)
+                producer = body.producer.get(inner) if inner else None
+                if producer is None or not producer.source:
+                    types.add(body.storage_type(inner) if inner else None)
             if len(types) == 1 and (low := types.pop()) in LOW_TYPES:
                 found[name] = low
     return found
