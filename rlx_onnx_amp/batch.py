@@ -35,6 +35,7 @@ from rlx_onnx_amp.cost import policy_hint
 from rlx_onnx_amp.directory import (
     StagedDirectory,
     check_cache_types,
+    config_shapes,
     genai_cache_shapes,
     scan_export_dir,
     with_genai_folder_hint,
@@ -630,6 +631,8 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[tuple[Model
         raise InputError(f"{out}: the output directory must lie outside {src}, and {src} outside it")
     export = scan_export_dir(src)
     cache_shapes = genai_cache_shapes(src)
+    for rel, shapes in config_shapes(src, export.models).items():
+        cache_shapes[rel] = {**shapes, **cache_shapes.get(rel, {})}
     job = ConvertJob(dataclasses.replace(job.settings, export_dir=True), job.paths)
     results: list[tuple[ModelResult, float]] = []
     with StagedDirectory(out) as staged:

@@ -18,6 +18,12 @@ onnxruntime-genai's builder leaves the cache's head size a symbolic axis (`kv_ca
 no synthesized input can guess; its `genai_config.json` holds it (`decoder.head_size`, with
 `num_key_value_heads`): the decoder's cache inputs are verified at those sizes
 (`genai_cache_shapes`) unless `--shape` gives them.
+
+optimum leaves every axis of an image model's `pixel_values` symbolic, and a guessed 8x8 image
+cannot run a ViT or a ResNet; the folder's `preprocessor_config.json` (its crop or resize size)
+and `config.json` (`num_channels`, `image_size`) hold the real ones: every model of the folder
+with such an input is verified at batch 1 and those sizes (`config_shapes`) unless `--shape`
+gives them.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ __all__ = [
     "ExportDir",
     "StagedDirectory",
     "check_cache_types",
+    "config_shapes",
     "genai_cache_shapes",
     "scan_export_dir",
     "with_genai_folder_hint",
@@ -210,6 +217,68 @@ def genai_cache_shapes(root: Path) -> dict[Path, dict[str, tuple[int, ...]]]:
         if symbolic[1] or symbolic[3]:
             shapes[vi.name] = tuple(fill[k] if symbolic[k] else dims[k].dim_value for k in range(4))
     return {rel: shapes} if shapes else {}
+
+
+#: Image inputs whose sizes a Hugging Face folder's configs hold: (batch, channels, height, width).
+_IMAGE_INPUTS = ("pixel_values",)
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+
+def config_shapes(root: Path, models: list[Path]) -> dict[Path, dict[str, tuple[int, ...]]]:
+    """The shapes to verify the image inputs of the folder's models at (path relative to `root`
+    -> input -> shape), from its Hugging Face configs: batch 1, `num_channels` (3 when not
+    given), the preprocessor's crop size (else its resize size, else `config.json`'s
+    `image_size`) on the symbolic axes, the declared sizes on the others. {} where the configs
+    give no size (the input is then guessed, and a verification that cannot run says so)."""
+    config, pre = _json_file(root / "config.json"), _json_file(root / PREPROCESSOR_CONFIG)
+    height_width = _image_size(pre, config)
+    if height_width is None:
+        return {}
+    channels = config.get("num_channels", 3)
+    fill = (1, channels if isinstance(channels, int) and channels > 0 else 3, *height_width)
+    found: dict[Path, dict[str, tuple[int, ...]]] = {}
+    for rel in models:
+        for vi in load_model(root / rel).graph.input:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name not in _IMAGE_INPUTS or len(dims) != 4:
+                continue
+            symbolic = [not (d.HasField("dim_value") and d.dim_value > 0) for d in dims]
+            if any(symbolic):
+                found.setdefault(rel, {})[vi.name] = tuple(
+                    fill[k] if symbolic[k] else dims[k].dim_value for k in range(4)
+                )
+    return found
+
+
+def _json_file(path: Path) -> dict:
+    """A JSON object file's content; {} where there is none or it is no object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        logger.info("%s: not read (%s: %s)", path, type(e).__name__, e)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _image_size(pre: dict, config: dict) -> tuple[int, int] | None:
+    """(height, width) an image model's preprocessor feeds it: the center crop where it crops,
+    else the resize size (`{"height", "width"}`, a square `shortest_edge`, or an int), else the
+    model config's `image_size`."""
+    candidates = [pre.get("crop_size") if pre.get("do_center_crop", True) else None, pre.get("size"),
+                  config.get("image_size")]
+    for size in candidates:
+        if isinstance(size, int) and size > 0:
+            return size, size
+        if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
+            return size[0], size[1]
+        if isinstance(size, dict):
+            if isinstance(size.get("height"), int) and isinstance(size.get("width"), int):
+                return size["height"], size["width"]
+            if isinstance(size.get("shortest_edge"), int):
+                return size["shortest_edge"], size["shortest_edge"]
+    return None
 
 
 def with_genai_folder_hint(error: InputError, model: Path) -> InputError:

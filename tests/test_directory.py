@@ -174,6 +174,45 @@ def test_a_merged_decoders_placeholder_cache_follows_the_plain_decoders_type(tmp
         assert [g.dtype for g in got] == [np.float16, np.float16] and all(np.isfinite(g).all() for g in got)
 
 
+def _image_classifier(export: Path) -> None:
+    """An optimum image-classification folder in small: every axis of pixel_values symbolic, and
+    a head that needs 3x16x16 images (Flatten -> MatMul with a 768x10 weight)."""
+    w = numpy_helper.from_array((np.random.default_rng(9).standard_normal((768, 10)) * 0.05).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["pixel_values"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["logits"])],
+        "classifier",
+        [helper.make_tensor_value_info("pixel_values", F, ["batch_size", "num_channels", "height", "width"])],
+        [helper.make_tensor_value_info("logits", F, ["batch_size", 10])], [w])
+    export.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(export / "model.onnx"))
+
+
+@pytest.mark.parametrize("configs", [
+    {"config.json": {"num_channels": 3, "image_size": 16}},
+    {"config.json": {"image_size": 224},  # the preprocessor's crop wins over the model config
+     "preprocessor_config.json": {"do_center_crop": True, "crop_size": {"height": 16, "width": 16},
+                                  "size": {"shortest_edge": 20}}},
+])
+def test_an_image_folder_is_verified_at_its_configs_image_size(tmp_path: Path, configs: dict) -> None:
+    """optimum leaves pixel_values' axes symbolic: guessed (1x8x8x8) the f32 model cannot run and
+    the folder is written unverified (exit 4); its configs give 1x3x16x16 and it verifies."""
+    export, out = tmp_path / "export", tmp_path / "out"
+    _image_classifier(export)
+    guessed = rlx(export, "-p", "always-f16", "-o", out, "-q")
+    assert guessed.returncode == 4, guessed.stderr
+    for name, content in configs.items():
+        (export / name).write_text(json.dumps(content))
+    result = rlx(export, "-p", "always-f16", "-o", out, "--report-json", tmp_path / "r.json", "-q")
+    assert result.returncode == 0, result.stderr
+    [model] = json.loads((tmp_path / "r.json").read_text())["models"]
+    assert model["verify"]["passed"] and model["verify"]["inputs"] == {"pixel_values": [1, 3, 16, 16]}
+    given = rlx(export, "-p", "always-f16", "-o", out, "--shape", "pixel_values:2x3x16x16",
+                "--report-json", tmp_path / "g.json", "-q")  # --shape comes first
+    assert given.returncode == 0
+    assert json.loads((tmp_path / "g.json").read_text())["models"][0]["verify"]["inputs"]["pixel_values"][0] == 2
+
+
 def _genai_client(directory: Path) -> dict:
     result = subprocess.run([sys.executable, str(REPO / "fixtures" / "genai_client.py"), str(directory)],
                             capture_output=True, text=True, timeout=600)
