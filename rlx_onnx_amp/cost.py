@@ -340,7 +340,7 @@ def policy_hint(cost: Cost, casts_inserted: int, policy: str) -> str | None:
     if cost.macs_low == 0:
         return (
             f"{policy} lowers none of the {short_count(cost.macs)} multiply-accumulates (every Compute node stays "
-            "f32): the model is no smaller or faster there; for that, try --policy auto"
+            "f32), so the model is no smaller or faster; try --policy auto"
         )
     if share < HINT_MAX_LOW_SHARE and casts_inserted >= HINT_MIN_CASTS:
         return (

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_onnx_amp.cost import Cost, short_count
-from rlx_onnx_amp.errors import summarized
+from rlx_onnx_amp.errors import LINE_LIMIT, summarized
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.reports.record import Conversion, Failure, Localized, ModelResult, OutputResult, Repair, Verification
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
@@ -65,17 +65,26 @@ def cost_line(cost: Mapping[str, Any] | None) -> str | None:
     """The cost model in one line (JSON `cost`), or None when there is none."""
     if not cost:
         return None
-    shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in cost["input_shapes"].items())
     macs = f"{short_count(cost['macs'])} MACs, {percent(cost['mac_low_share'])} low"
     if cost["unknown_macs_nodes"]:
         macs += f" ({cost['unknown_macs_nodes']} Compute nodes of unknown shape not counted)"
     casts = f"{cost['casts']} float Casts moving {short_count(cost['cast_bytes'])}B per inference"
     if cost["unknown_cast_nodes"]:
         casts += f" ({cost['unknown_cast_nodes']} of unknown shape)"
-    return (
-        f"cost: {macs}; weights {percent(cost['weight_low_share'])} low; {casts}; "
-        f"{cost['islands']} low-precision islands (inputs {shapes or 'none'})"
-    )
+    weights = f"weights {percent(cost['weight_low_share'])} low"
+    line = f"cost: {macs}; {weights}; {casts}; {cost['islands']} low-precision islands"
+    return f"{line} (inputs {_listed(cost['input_shapes'], LINE_LIMIT - len(line) - len(' (inputs )'))})"
+
+
+def _listed(shapes: Mapping[str, Sequence[int]], room: int) -> str:
+    """The input shapes as `name=1x8`, as many as fit in `room` characters, then how many more
+    (the JSON report has them all); `none` without inputs."""
+    parts = [f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in shapes.items()]
+    for shown in range(len(parts), 0, -1):
+        text = ", ".join(parts[:shown]) + (f", {len(parts) - shown} more" if shown < len(parts) else "")
+        if len(text) <= room:
+            return text
+    return f"{len(parts)} inputs" if parts else "none"
 
 
 def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -337,13 +346,12 @@ def constant_note(v: Verification) -> str | None:
 def verify_table(v: Verification, verbose: bool = False) -> str:
     """One row per output, failures first; the legend and the tolerances that would have passed
     when something failed or with -v."""
-    header = (
-        f"verify {v.candidate} against {v.reference} on {v.provider} "
-        f"({', '.join(v.providers_used)})"
-        + (f", emulated {v.precision}: {v.emulation_reason}" if v.emulated else "")
-    )
-    # onnxruntime's words on why it emulates: whole with -v and in the JSON, left out here.
-    header = header if verbose else summarized(header, least=0)
+    header = f"verify {v.candidate} against {v.reference} on {v.provider}"
+    if verbose:  # the providers and why it emulates: with -v and in the JSON
+        header += f" ({', '.join(v.providers_used)})"
+        header += f", emulated {v.precision}: {v.emulation_reason}" if v.emulated else ""
+    elif v.emulated:
+        header += f", emulated {v.precision} (-v says why)"
     lines = [header, table([c.header for c in DRIFT_COLUMNS], drift_rows(v))]
     if v.localized:
         lines += ["", "first nodes where drift starts:", table(*localized_table(v.localized))]
