@@ -332,6 +332,15 @@ def optimum_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exports
 
 
+#: The task `--task auto` picks for each file of fixtures/export_optimum.py's folders.
+TASK_OF_FILE = {
+    "t5": {"encoder_model.onnx": "embed", "decoder_model.onnx": "classify", "decoder_model_merged.onnx": "classify",
+           "decoder_with_past_model.onnx": "classify"},
+    "bert": {"model.onnx": "embed"},
+    "llama-external": {"model.onnx": "classify"},
+}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not OPTIMUM_PYTHON, reason=_NO_OPTIMUM)
 @pytest.mark.parametrize(("folder", "kind", "shapes"), [
@@ -346,8 +355,12 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
     ORTModelForCausalLM as written (the T5 one holds the merged decoder, verified on both of
     its branches), and generates the f32 export's greedy tokens."""
     out = tmp_path / "out"
-    result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", *shapes)
+    result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", "--report-json", tmp_path / "r.json", *shapes)
     assert result.returncode == 0, result.stdout + result.stderr
+    # With no --task, each file's verdict is on the task its outputs name (issue 39).
+    tasks = {Path(m["output"]).name: (m["verify"]["task"]["task"], m["verify"]["task"]["passed"])
+             for m in json.loads((tmp_path / "r.json").read_text())["models"]}
+    assert tasks == {name: (task, True) for name, task in TASK_OF_FILE[folder].items()}
 
     def client(directory: Path) -> dict:
         ran = subprocess.run([OPTIMUM_PYTHON, str(REPO / "fixtures" / "optimum_client.py"), str(directory), kind],
