@@ -29,7 +29,7 @@ test: lint docs
 	$(PYTHON) -m pytest -q -n auto
 
 test-fast: lint docs
-	$(PYTHON) -m pytest -q -n auto -m "not slow"
+	$(PYTHON) -m pytest -q -n auto -m "not slow and not sweep"
 
 fixtures:
 	$(PYTHON) fixtures/make_fixtures.py

@@ -13,6 +13,9 @@ from rlx_onnx_amp import convert, convert_and_report
 from rlx_onnx_amp.verification import VerifyOptions, verify
 from tests.helpers import POLICIES, assert_close, cast_duplicates, feeds_for, run
 
+#: A sweep over a whole zoo: make test and CI run it, make test-fast leaves it out.
+pytestmark = pytest.mark.sweep
+
 
 def _largest_intermediate(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
     exposed = onnx.ModelProto()

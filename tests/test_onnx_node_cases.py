@@ -9,6 +9,9 @@ import pytest
 from fixtures.onnx_cases import check_case, collect_eligible
 from rlx_onnx_amp import Conversion, convert_and_report
 
+#: A sweep over a whole zoo: make test and CI run it, make test-fast leaves it out.
+pytestmark = pytest.mark.sweep
+
 
 @pytest.mark.parametrize("policy, target", [("always-f16", "cuda"), ("auto-mixed", "cuda"), ("auto-mixed-bf16", "cpu")])
 def test_every_eligible_node_case_passes(policy: str, target: str) -> None:
