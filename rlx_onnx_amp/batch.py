@@ -40,7 +40,7 @@ from rlx_onnx_amp.directory import (
     scan_export_dir,
     with_genai_folder_hint,
 )
-from rlx_onnx_amp.errors import LINE_LIMIT, AmpError, InputError, ModelRunError, first_line, summarized
+from rlx_onnx_amp.errors import LINE_LIMIT, AmpError, InputError, first_line, summarized
 from rlx_onnx_amp.exits import (
     EXIT_INTERNAL,
     EXIT_LOW_GAIN,
@@ -48,6 +48,7 @@ from rlx_onnx_amp.exits import (
     EXIT_UNVERIFIED,
     EXIT_USAGE,
     error_line,
+    error_message,
     worst_exit_code,
 )
 from rlx_onnx_amp.files import OutputSet, RunPaths, remove_leftover_dirs
@@ -316,8 +317,7 @@ class ConvertJob:
     def _failed(self, src: str, message: str, code: int) -> ModelResult:
         """A model of a batch that failed: one line (onnxruntime's words summarized unless -v), and
         the whole message in the reports."""
-        long = code == ModelRunError.exit_code and not self.settings.verbose
-        click.echo(error_line(summarized(message, LINE_LIMIT - len("rlx-amp: error: ")) if long else message), err=True)
+        click.echo(error_line(error_message(message, code, self.settings.verbose)), err=True)
         return ModelResult(failure=Failure(src, message, code))
 
 
@@ -545,6 +545,11 @@ class StageLines:
     ends, with its exit code; no bar, no carriage return. A stage that an error ends says
     nothing: the error is the line. The lines wait until the output's paths have passed their
     checks (`release`), so bad input still gets one line, though the reference runs first."""
+
+    @staticmethod
+    def wanted(quiet: bool) -> bool:
+        """Whether a run prints them: stderr is no terminal (a CI log), and not --quiet."""
+        return not quiet and not sys.stderr.isatty()
 
     def __init__(self, model: str, enabled: bool, position: str = "") -> None:
         self.enabled = enabled

@@ -23,8 +23,8 @@ from typing import Any
 
 import click
 
-from rlx_onnx_amp.errors import LINE_LIMIT, AmpError, ModelRunError, summarized
-from rlx_onnx_amp.exits import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, fail
+from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.exits import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, error_message, fail
 from rlx_onnx_amp.files import live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.stops import Terminated, signal_held_during_commit, signals_deferred, stop_handlers
 
@@ -85,8 +85,7 @@ def _run_guarded(fn: Callable[[], int], inputs: Sequence[str] = (), batch: bool 
         try:
             code = fn()
         except AmpError as e:
-            long = isinstance(e, ModelRunError) and not verbose
-            fail(summarized(str(e), LINE_LIMIT - len("rlx-amp: error: ")) if long else str(e), e.exit_code)
+            fail(error_message(str(e), e.exit_code, verbose), e.exit_code)
         except KeyboardInterrupt:
             fail(*stopped(signal.SIGINT))
         except Terminated:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,7 +152,7 @@ def convert(
         verify_required=bool(do_verify),
         quiet=quiet,
         verbose=verbose,
-        stage_lines=not quiet and not sys.stderr.isatty(),  # a CI log: a plain line per stage
+        stage_lines=StageLines.wanted(quiet),
     )
     job = ConvertJob(settings, paths)
     if not verifying and not quiet:
@@ -308,7 +307,7 @@ def verify(
     paths.check()
     with OutputSet(paths.protected()) as outputs:
         status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
-        lines = StageLines(candidate, not quiet and not sys.stderr.isatty())  # a CI log: a plain line per stage
+        lines = StageLines(candidate, StageLines.wanted(quiet))
         with StagedProgress(enabled=not quiet, lines=lines) as progress:
             try:
                 result = verify_models(reference, candidate, verify_options, progress=progress, outputs=outputs)

@@ -34,7 +34,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,10 +212,9 @@ def genai_cache_shapes(root: Path) -> dict[Path, dict[str, tuple[int, ...]]]:
         dims = vi.type.tensor_type.shape.dim
         if vi.name not in names or len(dims) != 4:
             continue
-        fill = (1, heads, DEFAULT_DIM, head_size)
-        symbolic = [not (d.HasField("dim_value") and d.dim_value > 0) for d in dims]
+        filled, symbolic = _filled(dims, (1, heads, DEFAULT_DIM, head_size))
         if symbolic[1] or symbolic[3]:
-            shapes[vi.name] = tuple(fill[k] if symbolic[k] else dims[k].dim_value for k in range(4))
+            shapes[vi.name] = filled
     return {rel: shapes} if shapes else {}
 
 
@@ -242,12 +241,17 @@ def config_shapes(root: Path, models: list[Path]) -> dict[Path, dict[str, tuple[
             dims = vi.type.tensor_type.shape.dim
             if vi.name not in _IMAGE_INPUTS or len(dims) != 4:
                 continue
-            symbolic = [not (d.HasField("dim_value") and d.dim_value > 0) for d in dims]
+            filled, symbolic = _filled(dims, fill)
             if any(symbolic):
-                found.setdefault(rel, {})[vi.name] = tuple(
-                    fill[k] if symbolic[k] else dims[k].dim_value for k in range(4)
-                )
+                found.setdefault(rel, {})[vi.name] = filled
     return found
+
+
+def _filled(dims: Sequence[onnx.TensorShapeProto.Dimension], fill: Sequence[int]) -> tuple[tuple[int, ...], list[bool]]:
+    """An input's declared sizes with its symbolic axes taken from `fill` (as long as `dims`),
+    and which axes were symbolic."""
+    symbolic = [not (d.HasField("dim_value") and d.dim_value > 0) for d in dims]
+    return tuple(f if sym else d.dim_value for d, f, sym in zip(dims, fill, symbolic)), symbolic
 
 
 def _json_file(path: Path) -> dict:

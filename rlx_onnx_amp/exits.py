@@ -8,9 +8,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from rlx_onnx_amp.errors import LINE_LIMIT, ModelRunError, summarized
+
 __all__ = [
     "EXIT_DRIFT", "EXIT_INTERNAL", "EXIT_LOW_GAIN", "EXIT_OK", "EXIT_SIGINT", "EXIT_SIGPIPE", "EXIT_SIGTERM",
-    "EXIT_UNVERIFIED", "EXIT_USAGE", "SEVERITY", "error_line", "fail", "worst_exit_code",
+    "EXIT_UNVERIFIED", "EXIT_USAGE", "SEVERITY", "error_line", "error_message", "fail", "worst_exit_code",
 ]  # fmt: skip
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2  # 3 (a model could not be run) comes from errors.ModelRunError
@@ -29,9 +31,20 @@ def worst_exit_code(codes: Sequence[int]) -> int:
     return max(codes, key=lambda c: SEVERITY.index(c) if c in SEVERITY else len(SEVERITY), default=EXIT_OK)
 
 
+_ERROR_PREFIX = "rlx-amp: error: "
+
+
 def error_line(message: str) -> str:
     """The one line a user error gets on stderr (CONTRIBUTING, "Rules of the house")."""
-    return f"rlx-amp: error: {message}"
+    return f"{_ERROR_PREFIX}{message}"
+
+
+def error_message(message: str, code: int, verbose: int = 0) -> str:
+    """What the error line of a run ending with `code` says: where a model could not run (exit
+    3), onnxruntime's words summarized to fit the line, unless -v; the reports keep them whole."""
+    if code != ModelRunError.exit_code or verbose:
+        return message
+    return summarized(message, LINE_LIMIT - len(_ERROR_PREFIX))
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

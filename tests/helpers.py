@@ -193,3 +193,17 @@ PROGRESS_LINE = re.compile(r"rlx-amp: (\[\d+/\d+\] )?\S+: ([a-z ]+: \d+\.\d s|ex
 def without_progress(stderr: str) -> list[str]:
     """The lines of `stderr` but a piped run's progress lines."""
     return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.fullmatch(line)]
+
+
+def save_integer_scalar_model(path: Path) -> Path:
+    """y = Cast(n) to float, n an int64 scalar input nothing in the graph bounds: a value
+    rlx-amp cannot synthesize without `--input-range n:LO,HI` (exit 4)."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Cast", ["n"], ["y"], to=TensorProto.FLOAT)], "g",
+        [onnx.helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, str(path))
+    return path
+

@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from fixtures.make_fixtures import BROKEN_IN_F16, HEALTHY
-from tests.helpers import rlx
+from tests.helpers import rlx, save_integer_scalar_model
 
 
 def test_drift_ends_with_the_next_step_and_the_reports_head_with_it(tmp_path: Path) -> None:
@@ -32,13 +32,7 @@ def test_drift_ends_with_the_next_step_and_the_reports_head_with_it(tmp_path: Pa
 
 
 def test_an_unverified_model_ends_with_the_option_that_gives_its_inputs(tmp_path: Path) -> None:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Cast", ["n"], ["y"], to=TensorProto.FLOAT)], "g",
-                              [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
-    src = tmp_path / "n.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(src))
+    src = save_integer_scalar_model(tmp_path / "n.onnx")
     result = rlx(src, "-o", tmp_path / "o.onnx", "--provider", "cpu", "-q")
     assert result.returncode == 4
     assert result.stderr.strip().splitlines()[-1].startswith("rlx-amp: next: ")

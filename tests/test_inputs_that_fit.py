@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp.verification.inputs import InputSpec, synthesize
-from tests.helpers import rlx
+from tests.helpers import rlx, save_integer_scalar_model
 
 
 def _gather_elements() -> onnx.ModelProto:
@@ -76,11 +76,7 @@ def test_an_integer_scalar_the_graph_compares_gets_that_value(tmp_path: Path) ->
 
 
 def test_an_integer_scalar_nothing_hints_at_is_written_unverified(tmp_path: Path) -> None:
-    graph = helper.make_graph([helper.make_node("Cast", ["n"], ["y"], to=TensorProto.FLOAT)], "g",
-                              [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
-    src = tmp_path / "n.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(src))
+    src = save_integer_scalar_model(tmp_path / "n.onnx")
     plain = rlx(src, "-o", tmp_path / "o.onnx", "--provider", "cpu")
     assert plain.returncode == 4 and (tmp_path / "o.onnx").exists()
     assert "--input-range n:LO,HI" in plain.stderr
