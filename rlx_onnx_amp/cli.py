@@ -29,12 +29,14 @@ from rlx_onnx_amp.files import live_dirs, remove_leftover_dirs
 from rlx_onnx_amp.stops import Terminated, signal_held_during_commit, signals_deferred, stop_handlers
 
 #: Spelled here, not imported, so that --help loads no onnx; tests/test_first_hour.py checks them
-#: against policy.POLICY_NAMES, verification.task.TASKS and verification.options.DEFAULT_BUDGET.
+#: against policy.POLICY_NAMES, verification.task.TASKS and verification.options' DEFAULT_BUDGET
+#: and DEFAULT_GENERATE_STEPS.
 POLICY_NAMES = (
     "always-f32", "always-f16", "auto-mixed-conservative", "auto-mixed", "auto-mixed-bf16", "auto", "custom"
 )
-TASKS = ("auto", "classify", "embed", "none")
+TASKS = ("auto", "logits", "classify", "embed", "detect", "generate", "none")
 DEFAULT_BUDGET = 24
+DEFAULT_GENERATE_STEPS = 8
 
 NO_ONNXRUNTIME = (
     "onnxruntime is not installed: pip install 'rlx-onnx-amp[cpu]' (or 'rlx-onnx-amp[gpu]' for onnxruntime-gpu "
@@ -203,9 +205,18 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
             default="auto",
             show_default=True,
             type=click.Choice(TASKS),
-            help="What the verdict judges: classify (the class per row, near-ties set apart), embed (the "
-            "lowest per-row cosine), none (element-wise only); auto picks from the output names (logits, "
-            "embeddings) and says so. Element-wise figures stay as diagnostics.",
+            help="What the verdict judges: generate (a decoder's greedy tokens over --generate-steps steps, "
+            "teacher-forced, near-ties set apart), detect (boxes matched by class and IoU), classify (the class "
+            "per row, near-ties set apart), embed (the lowest per-row cosine), logits (element-wise on the logits "
+            "alone), none (element-wise on every output); auto picks from the model's inputs and outputs and "
+            "says so. Element-wise figures stay as diagnostics.",
+        ),
+        click.option(
+            "--generate-steps",
+            default=DEFAULT_GENERATE_STEPS,
+            show_default=True,
+            metavar="N",
+            help="Greedy steps per prompt of the generate task, the prompt's own step included.",
         ),
         click.option(
             "--latency-runs",

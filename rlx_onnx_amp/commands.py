@@ -228,6 +228,7 @@ _VERIFY_ONLY = {
     "localize": "--localize",
     "latency_runs": "--latency-runs",
     "task": "--task",
+    "generate_steps": "--generate-steps",
 }
 
 

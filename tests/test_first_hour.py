@@ -92,10 +92,11 @@ def test_the_names_the_help_spells_are_the_librarys() -> None:
     """cli spells the policy and task names and the repair budget, so that --help imports no onnx."""
     from rlx_onnx_amp import cli
     from rlx_onnx_amp.policy import POLICY_NAMES
-    from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
+    from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, DEFAULT_GENERATE_STEPS
     from rlx_onnx_amp.verification.task import TASKS
 
-    assert (cli.POLICY_NAMES, cli.TASKS, cli.DEFAULT_BUDGET) == (POLICY_NAMES, TASKS, DEFAULT_BUDGET)
+    assert (cli.POLICY_NAMES, cli.TASKS, cli.DEFAULT_BUDGET, cli.DEFAULT_GENERATE_STEPS) == (
+        POLICY_NAMES, TASKS, DEFAULT_BUDGET, DEFAULT_GENERATE_STEPS)
 
 
 def test_repair_counts_its_evaluations_and_the_summary_defines_its_words(tmp_path: Path) -> None:

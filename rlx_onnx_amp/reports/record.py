@@ -354,10 +354,11 @@ class TracePoint(_Record):
 
 @dataclass(frozen=True)
 class TaskResult(_Record):
-    """One output judged by its task (`verification.task`): for `classify`, the share of rows
-    whose class (top-1) and top-5 agree, over the rows that are no near-tie in the reference
-    (`set_apart`: their top-2 margin is within the tolerance); for `embed`, the lowest per-row
-    cosine (`set_apart`: rows of zeros)."""
+    """One output judged by its task (`verification.task`; docs/verification.md says what each
+    field means per task): top-1/top-5 agreement over the rows (`generate`: prompt-steps) that
+    are no near-tie (`set_apart`), the lowest row cosine; `generate`'s `steps`, free-running
+    `token_agreement` and `first_divergence` (None: no prompt's tokens part); `detect`'s
+    `recall`, `precision` and `mean_iou` (`set_apart`: detections at the score cut)."""
 
     output: str
     task: str
@@ -367,6 +368,12 @@ class TaskResult(_Record):
     top5_agreement: float | None
     min_cosine: float | None
     passed: bool
+    steps: int | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    token_agreement: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    first_divergence: int | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    recall: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    precision: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    mean_iou: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
 
 
 @dataclass(frozen=True)

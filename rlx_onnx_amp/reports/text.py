@@ -288,9 +288,25 @@ def task_line(v: Verification) -> str | None:
         return None
     parts = []
     for r in t.outputs:
-        if r.task == "classify":
+        if r.task == "generate":
+            parted = f"first parts at step {r.first_divergence}" if r.first_divergence is not None else "never parts"
+            judged = (
+                f"{r.rows} prompts x {r.steps} greedy steps, teacher-forced top-1 {percent(r.top1_agreement)}, "
+                f"top-5 {percent(r.top5_agreement)}, lowest logit cosine {_cosine(r.min_cosine)}; free-running "
+                f"{parted} ({percent(r.token_agreement)} of the tokens before it)"
+            )
+            apart = f" ({r.set_apart} near-tie steps set apart)" if r.set_apart else ""
+        elif r.task == "detect":
+            judged = (
+                f"recall {percent(r.recall)}, precision {percent(r.precision)}, mean IoU "
+                f"{'-' if r.mean_iou is None else f'{r.mean_iou:.3f}'} over {r.rows} images"
+            )
+            apart = f" ({r.set_apart} detections at the score cut set apart)" if r.set_apart else ""
+        elif r.task == "classify":
             judged = f"top-1 {percent(r.top1_agreement)}, top-5 {percent(r.top5_agreement)} of {r.rows} rows"
             apart = f" ({r.set_apart} near-ties set apart)" if r.set_apart else ""
+        elif r.task == "logits":
+            judged, apart = f"element-wise (cosine {_cosine(r.min_cosine)})", ""
         else:
             judged = f"lowest row cosine {_cosine(r.min_cosine)} of {r.rows} rows"
             apart = f" ({r.set_apart} zero rows set apart)" if r.set_apart else ""

@@ -30,17 +30,19 @@ from rlx_onnx_amp.verification.compare import (
     Compared,
     Progress,
     Scratch,
+    Session,
     VerifyOptions,
     measure_latency,
     open_compared,
     run_each,
     time_written_model,
 )
+from rlx_onnx_amp.verification.generate import Generator, Steps, decode, find_generator
 from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
 from rlx_onnx_amp.verification.metrics import compare_arrays
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
-from rlx_onnx_amp.verification.task import choose_task, judge_task
+from rlx_onnx_amp.verification.task import Task, choose_task, judge_detection, judge_generation, judge_task
 
 __all__ = ["Judgement", "Verifier", "verify"]
 
@@ -83,6 +85,11 @@ class Verifier:
         self.scratch = Scratch(scratch_prefix)
         #: The reference's intermediates `localize` compared last: (their names, their files).
         self._intermediates: tuple[tuple[str, ...], dict[str, Path]] | None = None
+        #: The task judged (`_task`), and for `generate` the decoder step and the reference's steps.
+        self._chosen: tuple[Task, tuple[str, ...], str] | None = None
+        self._generator: Generator | None = None
+        self._ref_steps: list[Steps] | None = None
+        self._generating: list[int] = []  # the input sets the reference generated from
 
     @classmethod
     def prepare(
@@ -123,19 +130,91 @@ class Verifier:
         or its emulation (see `compare.open_compared`: `cannot_run`, `ran`), and each output
         judged against the reference's by the tolerance."""
         ref = self.reference
+        task, named, chosen_by = self._task(progress)
         compared = open_compared(
             ref.model, ref.path.parent, model, path, ref.provider, self.options.emulate, self.scratch, label, progress,
             cannot_run, ran,
         )
         runs = run_each(compared, ref.samples, ref.output_names, progress, "running the candidate")
+        cand_steps = None
+        if task is Task.GENERATE:  # teacher-forced: fed the reference's tokens
+            assert self._generator is not None and self._ref_steps is not None
+            cand_steps = [steps for steps in self._decode(
+                compared, self._generator, runs, progress, "generating (candidate)", self._ref_steps) if steps]
         compared.release()
         pairs = _paired(ref.runs, runs, ref.output_names)
         tolerances = {name: self.options.tolerance.for_output(name, compared.precision) for name in pairs}
         drifts = [compare_arrays(name, r, c, tolerances[name]) for name, (r, c) in pairs.items()]
         drifts.sort(key=lambda o: (o.passed, o.name))
-        task, named, chosen_by = choose_task(self.options.task, {n: np.shape(r) for n, (r, _) in pairs.items()})
-        verdict = judge_task(task, chosen_by, {n: pairs[n] for n in named}, tolerances)
+        verdict: TaskVerdict | None
+        if cand_steps is not None:
+            assert self._ref_steps is not None
+            result = judge_generation(named[0], self._ref_steps, cand_steps, tolerances[named[0]])
+            verdict = TaskVerdict(task.value, chosen_by, result.passed, (result,))
+        elif task is Task.DETECT:
+            result = judge_detection(named, ref.runs, runs, tolerances[named[0]])
+            verdict = TaskVerdict(task.value, chosen_by, result.passed, (result,))
+        else:
+            by_name = {d.name: d for d in drifts}
+            verdict = judge_task(task, chosen_by, {n: pairs[n] for n in named}, tolerances, by_name)
         return Judgement(compared, drifts, verdict)
+
+    def _task(self, progress: Progress | None) -> tuple[Task, tuple[str, ...], str]:
+        """The task this verification judges (`task.choose_task`), chosen once; for `generate`,
+        the reference's greedy steps run once here, for every candidate after. Where `auto`
+        found a decoder step that cannot take a second step on its own feeds, the task is
+        chosen again without it, and the reason is told."""
+        if self._chosen is not None:
+            return self._chosen
+        ref = self.reference
+        shapes = {n: np.shape(v) for n, v in ref.runs[0].items()} if ref.runs else {}
+        self._generator = find_generator(ref.model)
+        chosen = choose_task(self.options.task, shapes, self._generator)
+        if chosen[0] is Task.GENERATE:
+            assert self._generator is not None
+            session = Session(str(ref.path), ref.provider, str(ref.path))
+            found = self._decode(session, self._generator, ref.runs, progress, "generating (reference)")
+            self._generating = [k for k, steps in enumerate(found) if steps is not None]
+            self._ref_steps = [steps for steps in found if steps is not None]
+            if not self._ref_steps:
+                if self.options.task != Task.AUTO.value:
+                    raise ModelRunError(f"{ref.path}: --task generate: no input set can take a second greedy step")
+                task, named, how = choose_task(self.options.task, shapes, None)
+                chosen = (task, named, f"{how} (a decoder step, but the greedy loop's next step cannot run)")
+        self._chosen = chosen
+        return chosen
+
+    def _decode(
+        self,
+        runner: Session | Compared,
+        gen: Generator,
+        firsts: Sequence[Mapping[str, np.ndarray]],
+        progress: Progress | None,
+        stage: str,
+        forced: Sequence[Steps] | None = None,
+    ) -> list[Steps | None]:
+        """The greedy steps from each input set (`generate.decode`), whose first step's outputs
+        are `firsts`: the reference's own tokens (None for a set whose next step cannot run: a
+        merged decoder's cached branch fed several new tokens at once cannot always go on), or
+        (`forced`) those of the sets the reference generated from, with its tokens fed in."""
+        ref, names = self.reference, self.reference.output_names
+        which = self._generating if forced is not None else range(len(ref.samples))
+        found: list[Steps | None] = []
+        for done, k in enumerate(which):
+            if progress is not None:
+                progress(stage, done, len(which))
+            tokens = forced[done].tokens if forced is not None else None
+            try:
+                found.append(decode(gen, lambda f: runner.run(f, names), ref.samples[k], firsts[k],
+                                    self.options.generate_steps, tokens))
+            except ModelRunError as e:
+                if forced is not None:
+                    raise  # the candidate cannot take a step the reference took
+                logger.info("generate: input set %d: %s", k, e)
+                found.append(None)
+        if progress is not None:
+            progress(stage, len(which), len(which))
+        return found
 
     def localize(
         self, judgement: Judgement, top: int, trace: list[TracePoint] | None = None

@@ -35,6 +35,8 @@ _SESSION_THREADS: ContextVar[int] = ContextVar("session_threads", default=0)
 
 #: The candidate evaluations `repair.repair_file` may use unless told otherwise.
 DEFAULT_BUDGET = 24
+#: The greedy steps per prompt the `generate` task takes unless told otherwise.
+DEFAULT_GENERATE_STEPS = 8
 
 
 @dataclass
@@ -53,9 +55,11 @@ class VerifyOptions:
     #: verification runs on. A written model that cannot run on the provider at hand is an
     #: error (exit 3) there; where that provider only stands in for the target, a warning.
     target: str | None = None
-    #: What the verdict judges (`verification.task`): "auto" picks from the output names,
-    #: "classify", "embed", or "none" (element-wise only).
+    #: What the verdict judges (`verification.task`): "auto" picks from the model's interface,
+    #: "logits", "classify", "embed", "detect", "generate", or "none" (element-wise only).
     task: str = "auto"
+    #: The greedy steps per prompt of the `generate` task, its first one included.
+    generate_steps: int = DEFAULT_GENERATE_STEPS
 
     def check(self, option: Callable[[str], str] = "--{}".format) -> None:
         """Raise InputError for what makes these options unusable, before any work: no sample
@@ -64,6 +68,8 @@ class VerifyOptions:
         pass's `samples`)."""
         if self.spec.samples < 1:
             raise InputError(f"{option('samples')} must be at least 1")
+        if self.generate_steps < 1:
+            raise InputError(f"{option('generate_steps').replace('_', '-')} must be at least 1")
         if self.latency_runs < 0:
             raise InputError(f"{option('latency_runs').replace('_', '-')} must be 0 (not timed) or more")
         resolve_provider(self.provider, option("provider"))
@@ -119,6 +125,7 @@ def verify_options_from(
     localize: bool,
     latency_runs: int = 5,
     task: str = "auto",
+    generate_steps: int = DEFAULT_GENERATE_STEPS,
 ) -> VerifyOptions:
     """The options the command line's verify flags give, checked before any work (exit 2)."""
     if not 0 <= seed < 2**63:
@@ -134,6 +141,7 @@ def verify_options_from(
         save_inputs=save_inputs,
         latency_runs=latency_runs,
         task=task,
+        generate_steps=generate_steps,
     )
     options.check()  # exit 2 before any work
     return options

@@ -1,0 +1,160 @@
+"""Greedy generation for the `generate` task (issue 39): a decoder export's tokens, step by step.
+
+A generator here is a decoder step model: token ids in (`input_ids`), scores out (`logits`),
+and a key/value cache out (`present.*`), read back as `past_key_values.*` / `past.*` where
+the model takes one (optimum's decoder-with-past and merged decoders, onnxruntime-genai's
+model), or else the whole sequence again (optimum's `decoder_model.onnx`). `find_generator`
+tells one from its interface.
+
+The loop starts from a feed the verification already ran (its first step: the prompt and, for a
+cached step, its cache), then takes `steps - 1` more steps, each one token: the reference picks
+its greedy token (argmax of the last position's scores), and the candidate is fed the
+reference's token (teacher forcing: a drift at one step does not compound into the next
+step's input, only through the candidate's own cache). Where the candidate's own choice first
+differs is where a free-running candidate would part from the reference: the tokens before
+are the same, since both were fed the same ones. Each step's feed follows the last: the cache
+read back (but for an empty present: optimum's merged seq2seq decoder outputs one for the
+encoder's cache on its cached branch, which is fed the first step's again), the attention mask
+one position longer, the positions counted from it, a `use_cache_branch` set to the cached
+branch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+__all__ = ["Generator", "Steps", "decode", "find_generator", "next_feeds"]
+
+_IDS = ("input_ids", "decoder_input_ids")
+_PAST = re.compile(r"^(?:past_key_values|past)\.(?P<part>.+)$")
+_PRESENT = re.compile(r"^present\.(?P<part>.+)$")
+_MASKS = ("attention_mask", "decoder_attention_mask")
+_POSITIONS = ("position_ids",)
+_BRANCH = "use_cache_branch"
+
+
+@dataclass(frozen=True)
+class Generator:
+    """Which inputs and outputs of a decoder step the greedy loop reads and writes."""
+
+    ids: str  # the token ids fed in
+    logits: str  # the scores the greedy token is picked from (last axis: the vocabulary)
+    feedback: tuple[tuple[str, str], ...]  # (past input, the present output read back into it)
+    mask: str | None = None  # the self-attention mask, one position longer each step
+    positions: str | None = None
+    branch: str | None = None  # a merged decoder's cached-branch switch
+    self_cache: str | None = None  # a present output whose axis -2 counts the positions so far
+
+    @property
+    def cached(self) -> bool:
+        return bool(self.feedback)
+
+
+def find_generator(model: onnx.ModelProto) -> Generator | None:
+    """The decoder step `model` is, or None: it needs token ids in, a logits output of rank 2
+    or more, and a cache out (`present.*`)."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    outputs = {o.name: o for o in model.graph.output}
+    ids = next((n for n in _IDS if n in inputs), None)
+    logits = next((n for n, o in outputs.items() if "logits" in n.lower() and len(o.type.tensor_type.shape.dim) >= 2),
+                  None)
+    presents = {m.group("part"): n for n in outputs if (m := _PRESENT.match(n))}
+    if ids is None or logits is None or not presents:
+        return None
+    feedback = tuple(
+        (name, presents[m.group("part")]) for name in inputs if (m := _PAST.match(name)) and m.group("part") in presents
+    )
+    self_cache = next((n for part, n in sorted(presents.items()) if "encoder" not in part), None)
+    return Generator(
+        ids=ids,
+        logits=logits,
+        feedback=feedback,
+        mask=next((n for n in _MASKS if n in inputs), None),
+        positions=next((n for n in _POSITIONS if n in inputs), None),
+        branch=_BRANCH if _BRANCH in inputs else None,
+        self_cache=self_cache,
+    )
+
+
+@dataclass
+class Steps:
+    """One prompt set's greedy steps: each step's last-position scores, one row per prompt
+    (`logits[t]`, float64), and the token each row picked (`tokens[t]`)."""
+
+    logits: list[np.ndarray]
+    tokens: list[np.ndarray]
+
+
+def last_scores(logits: np.ndarray) -> np.ndarray:
+    """The last position's scores, one row per prompt, as float64 (NaN read as the lowest)."""
+    a = np.asarray(logits, dtype=np.float64)
+    rows = a[:, -1, :] if a.ndim >= 3 else a.reshape(a.shape[0], -1)
+    return np.nan_to_num(rows.reshape(rows.shape[0], -1), nan=-np.inf)
+
+
+def decode(
+    gen: Generator,
+    run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    feeds: Mapping[str, np.ndarray],
+    first: Mapping[str, np.ndarray],
+    steps: int,
+    forced: Sequence[np.ndarray] | None = None,
+) -> Steps:
+    """`steps` greedy steps from `feeds`, whose outputs `first` already holds: each next step is
+    fed the token picked (or, teacher-forced, `forced[t]`, the reference's token at step t).
+    `run` runs the model on one feed and returns its outputs (the logits and the cache)."""
+    outputs = first
+    scores = last_scores(outputs[gen.logits])
+    found = Steps([scores], [np.argmax(scores, axis=1)])
+    for t in range(1, steps):
+        token = forced[t - 1] if forced is not None else found.tokens[-1]
+        feeds = next_feeds(gen, feeds, outputs, token)
+        outputs = run(feeds)
+        scores = last_scores(outputs[gen.logits])
+        found.logits.append(scores)
+        found.tokens.append(np.argmax(scores, axis=1))
+    return found
+
+
+def next_feeds(
+    gen: Generator, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], token: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The feed of the step after `feeds` (whose outputs are `outputs`) that adds `token` (one
+    per row)."""
+    new = dict(feeds)
+    ids = np.asarray(feeds[gen.ids])
+    column = np.asarray(token).reshape(ids.shape[0], 1).astype(ids.dtype)
+    if gen.cached:
+        new[gen.ids] = column
+        for past, present in gen.feedback:
+            value = np.asarray(outputs[present])
+            if value.size:  # a merged decoder's cached branch gives an empty stand-in for what it reuses
+                new[past] = value
+        seen = np.shape(outputs[gen.self_cache])[-2] if gen.self_cache else ids.shape[1]
+    else:
+        new[gen.ids] = np.concatenate([ids, column], axis=1)
+        seen = ids.shape[1]
+    mask = None
+    if gen.mask is not None:
+        old = np.asarray(feeds[gen.mask])
+        ones = np.ones((old.shape[0], 1), dtype=old.dtype)
+        # A mask over the positions seen so far grows by one; another (a first step that
+        # ignored its cache) starts again over all of them.
+        grown = np.concatenate([old, ones], axis=1)
+        mask = grown if old.shape[1] == seen else np.ones((old.shape[0], seen + 1), old.dtype)
+        new[gen.mask] = mask
+    if gen.positions is not None:
+        old = np.asarray(feeds[gen.positions])
+        every = np.arange(seen + 1)[None, :].repeat(old.shape[0], 0)
+        counted = np.cumsum(mask, axis=1) - 1 if mask is not None else every
+        positions = np.maximum(counted, 0).astype(old.dtype)
+        new[gen.positions] = positions[:, -1:] if gen.cached else positions
+    if gen.branch is not None:
+        new[gen.branch] = np.ones_like(np.asarray(feeds[gen.branch]))
+    return new
