@@ -334,10 +334,14 @@ def optimum_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: The task `--task auto` picks for each file of fixtures/export_optimum.py's folders.
 TASK_OF_FILE = {
-    "t5": {"encoder_model.onnx": "embed", "decoder_model.onnx": "classify", "decoder_model_merged.onnx": "classify",
-           "decoder_with_past_model.onnx": "classify"},
+    "t5": {"encoder_model.onnx": "embed", "decoder_model.onnx": "generate", "decoder_model_merged.onnx": "generate",
+           "decoder_with_past_model.onnx": "generate"},
     "bert": {"model.onnx": "embed"},
-    "llama-external": {"model.onnx": "classify"},
+    "llama-external": {"model.onnx": "generate"},
+    "vit": {"model.onnx": "classify"},
+    "resnet": {"model.onnx": "classify"},
+    "whisper": {"encoder_model.onnx": "embed", "decoder_model.onnx": "generate",
+                "decoder_model_merged.onnx": "generate", "decoder_with_past_model.onnx": "generate"},
 }
 
 
@@ -347,13 +351,18 @@ TASK_OF_FILE = {
     ("t5", "seq2seq", []),
     ("bert", "feature-extraction", []),
     ("llama-external", "causal-lm", []),  # its cache's axes guessed: coherent mask and positions by default
+    ("vit", "image-classification", []),  # pixel_values' symbolic axes: sizes from preprocessor_config.json
+    ("resnet", "image-classification", []),
+    ("whisper", "speech-seq2seq", []),
 ])
 @pytest.mark.parametrize("policy", ["always-f16", "auto-mixed"])
 def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Path, folder: str, kind: str,
                                             shapes: list[str], policy: str) -> None:
     """The converted folder loads in ORTModelForSeq2SeqLM / ORTModelForFeatureExtraction /
-    ORTModelForCausalLM as written (the T5 one holds the merged decoder, verified on both of
-    its branches), and generates the f32 export's greedy tokens."""
+    ORTModelForCausalLM / ORTModelForImageClassification / ORTModelForSpeechSeq2Seq as written
+    (the T5 and whisper ones hold the merged decoder, verified on both of its branches), and
+    generates the f32 export's greedy tokens (a classifier: its class). With no option, each
+    file's verdict is on the task its interface names, and says so."""
     out = tmp_path / "out"
     result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", "--report-json", tmp_path / "r.json", *shapes)
     assert result.returncode == 0, result.stdout + result.stderr
