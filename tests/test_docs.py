@@ -27,7 +27,7 @@ OTHER_TOOLS_FLAGS = {
     "--repeats", "--repeat", "--node-cases", "--emulation", "--task", "--config", "--package-config", "--strict",
     "--rlx-policy", "--tv-python",  # bench/gain_zoo.py
     "--policies",  # bench/scale.py
-    "--runs",  # bench/startup.py
+    "--runs",  # bench/startup.py, bench/task_cost.py
 }
 
 
