@@ -139,8 +139,9 @@ class Verifier:
         cand_steps = None
         if task is Task.GENERATE:  # teacher-forced: fed the reference's tokens
             assert self._generator is not None and self._ref_steps is not None
-            cand_steps = [steps for steps in self._decode(
-                compared, self._generator, runs, progress, "generating (candidate)", self._ref_steps) if steps]
+            cand_steps = [steps for steps in _decode_sets(
+                compared, self._generator, ref, runs, self.options.generate_steps, self._generating, progress,
+                "generating (candidate)", self._ref_steps) if steps]
         compared.release()
         pairs = _paired(ref.runs, runs, ref.output_names)
         tolerances = {name: self.options.tolerance.for_output(name, compared.precision) for name in pairs}
@@ -173,7 +174,8 @@ class Verifier:
         if chosen[0] is Task.GENERATE:
             assert self._generator is not None
             session = Session(str(ref.path), ref.provider, str(ref.path))
-            found = self._decode(session, self._generator, ref.runs, progress, "generating (reference)")
+            found = _decode_sets(session, self._generator, ref, ref.runs, self.options.generate_steps,
+                                 range(len(ref.samples)), progress, "generating (reference)")
             self._generating = [k for k, steps in enumerate(found) if steps is not None]
             self._ref_steps = [steps for steps in found if steps is not None]
             if not self._ref_steps:
@@ -183,38 +185,6 @@ class Verifier:
                 chosen = (task, named, f"{how} (a decoder step, but the greedy loop's next step cannot run)")
         self._chosen = chosen
         return chosen
-
-    def _decode(
-        self,
-        runner: Session | Compared,
-        gen: Generator,
-        firsts: Sequence[Mapping[str, np.ndarray]],
-        progress: Progress | None,
-        stage: str,
-        forced: Sequence[Steps] | None = None,
-    ) -> list[Steps | None]:
-        """The greedy steps from each input set (`generate.decode`), whose first step's outputs
-        are `firsts`: the reference's own tokens (None for a set whose next step cannot run: a
-        merged decoder's cached branch fed several new tokens at once cannot always go on), or
-        (`forced`) those of the sets the reference generated from, with its tokens fed in."""
-        ref, names = self.reference, self.reference.output_names
-        which = self._generating if forced is not None else range(len(ref.samples))
-        found: list[Steps | None] = []
-        for done, k in enumerate(which):
-            if progress is not None:
-                progress(stage, done, len(which))
-            tokens = forced[done].tokens if forced is not None else None
-            try:
-                found.append(decode(gen, lambda f: runner.run(f, names), ref.samples[k], firsts[k],
-                                    self.options.generate_steps, tokens))
-            except ModelRunError as e:
-                if forced is not None:
-                    raise  # the candidate cannot take a step the reference took
-                logger.info("generate: input set %d: %s", k, e)
-                found.append(None)
-        if progress is not None:
-            progress(stage, len(which), len(which))
-        return found
 
     def localize(
         self, judgement: Judgement, top: int, trace: list[TracePoint] | None = None
@@ -370,6 +340,39 @@ def verify(
         verifier = Verifier(prepared, options)
     with verifier:
         return verifier.verify(cand_path, cand_model, label=candidate_label, outputs=outputs, progress=progress)
+
+
+def _decode_sets(
+    runner: Session | Compared,
+    gen: Generator,
+    ref: Reference,
+    firsts: Sequence[Mapping[str, np.ndarray]],
+    steps: int,
+    which: Sequence[int],
+    progress: Progress | None,
+    stage: str,
+    forced: Sequence[Steps] | None = None,
+) -> list[Steps | None]:
+    """The greedy steps from the input sets `which` (`generate.decode`), whose first step's
+    outputs are `firsts`: the reference's own tokens (None for a set whose next step cannot run:
+    a merged decoder's cached branch fed several new tokens at once cannot always go on), or
+    (`forced`, one per set of `which`) the reference's tokens fed in."""
+    found: list[Steps | None] = []
+    for done, k in enumerate(which):
+        if progress is not None:
+            progress(stage, done, len(which))
+        tokens = forced[done].tokens if forced is not None else None
+        try:
+            found.append(decode(gen, lambda f: runner.run(f, ref.output_names), ref.samples[k], firsts[k], steps,
+                                tokens))
+        except ModelRunError as e:
+            if forced is not None:
+                raise  # the candidate cannot take a step the reference took
+            logger.info("generate: input set %d: %s", k, e)
+            found.append(None)
+    if progress is not None:
+        progress(stage, len(which), len(which))
+    return found
 
 
 def _paired(
