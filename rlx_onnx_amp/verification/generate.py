@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from rlx_onnx_amp.verification.inputs import PAST_INPUT
+
 __all__ = ["Generator", "Steps", "decode", "find_generator", "next_feeds"]
 
 _IDS = ("input_ids", "decoder_input_ids")
-_PAST = re.compile(r"^(?:past_key_values|past)\.(?P<part>.+)$")
 _PRESENT = re.compile(r"^present\.(?P<part>.+)$")
 _MASKS = ("attention_mask", "decoder_attention_mask")
 _POSITIONS = ("position_ids",)
@@ -68,7 +69,9 @@ def find_generator(model: onnx.ModelProto) -> Generator | None:
     if ids is None or logits is None or not presents:
         return None
     feedback = tuple(
-        (name, presents[m.group("part")]) for name in inputs if (m := _PAST.match(name)) and m.group("part") in presents
+        (name, presents[m.group("part")])
+        for name in inputs
+        if (m := PAST_INPUT.match(name)) and m.group("part") in presents
     )
     self_cache = next((n for part, n in sorted(presents.items()) if "encoder" not in part), None)
     return Generator(

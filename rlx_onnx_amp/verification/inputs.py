@@ -285,8 +285,9 @@ def synthesized_sets(model: onnx.ModelProto, spec: InputSpec) -> list[dict[str, 
     return sets
 
 
-#: A key/value cache input of a generator's decoder step (optimum, onnxruntime-genai).
-_PAST = re.compile(r"^(?:past_key_values|past)\.")
+#: A key/value cache input of a generator's decoder step (optimum, onnxruntime-genai), and the
+#: layer/part it holds (`generate.find_generator` pairs it with `present.<part>`).
+PAST_INPUT = re.compile(r"^(?:past_key_values|past)\.(?P<part>.*)$")
 
 
 def _cache_step(model: onnx.ModelProto, spec: InputSpec) -> tuple[InputSpec, dict[str, np.ndarray]]:
@@ -296,7 +297,7 @@ def _cache_step(model: onnx.ModelProto, spec: InputSpec) -> tuple[InputSpec, dic
     (random ones point past the cache, which the model's Gather or attention refuses). The spec
     with those shapes, and the values to set."""
     inputs = {vi.name: vi for vi in _graph_inputs(model)}
-    past = sorted(n for n in inputs if _PAST.match(n))
+    past = sorted(n for n in inputs if PAST_INPUT.match(n))
     if not past or "input_ids" not in inputs or "attention_mask" not in inputs:
         return spec, {}
     past_shape, ids_shape = _shape(inputs[past[0]], spec), _shape(inputs["input_ids"], spec)
