@@ -12,11 +12,12 @@ import signal
 import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, TypeVar
+from multiprocessing.synchronize import Event
+from typing import Any, Generic, TypeVar
 
 from rlx_onnx_amp.stops import signals_deferred
 
-__all__ = ["START_METHOD", "ChildCrashed", "ChildTimeout", "run_in_child"]
+__all__ = ["START_METHOD", "ChildCrashed", "ChildTimeout", "Pending", "child_event", "run_in_child", "start_in_child"]
 
 T = TypeVar("T")
 
@@ -42,37 +43,78 @@ class ChildTimeout(TimeoutError):
     """The child did not answer within its time-out; it was killed."""
 
 
-def run_in_child(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
-    """`fn(*args)` in a fresh child process; its result, or its exception raised here again.
-    Raises `ChildCrashed` when the child dies without an answer, `ChildTimeout` after `timeout`
-    seconds (None: no limit)."""
+def _context() -> multiprocessing.context.BaseContext:
     method = START_METHOD if len(tempfile.gettempdir().encode()) <= _SOCKET_PATH_ROOM else "spawn"
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(_PRELOAD)
-    receive, send = context.Pipe(duplex=False)
-    # Starting the first child imports multiprocessing's fork server modules: a stop signal inside
-    # an import lock's callback would be "Exception ignored" and printed, so it waits for the start.
-    with signals_deferred():
-        child = context.Process(target=_child, args=(send, fn, args), daemon=True)  # type: ignore[attr-defined]
-        child.start()
-    send.close()  # the child holds the only writer: its death is the pipe's end
-    try:
-        if not receive.poll(timeout):
-            raise ChildTimeout(f"no answer from the child process within {timeout} s")
-        ok, value = receive.recv()
-    except EOFError:
-        child.join()
-        code = child.exitcode
-        raise ChildCrashed(-code if code is not None and code < 0 else None, code) from None
-    finally:
-        if child.exitcode is None:
-            child.kill()
-        child.join()
-        receive.close()
-    if ok:
-        return value
-    raise value
+    return context
+
+
+def child_event() -> Event:
+    """An event a child started by `start_in_child` can wait on (`Event.wait`) and this process
+    set: how a child is held back from work that must not share the CPUs with this process's."""
+    return _context().Event()
+
+
+class Pending(Generic[T]):
+    """A call running in a child process (`start_in_child`): `result` waits for its answer;
+    leaving the `with` block (or `close`) kills the child if it is still running."""
+
+    def __init__(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        context = _context()
+        self._receive, send = context.Pipe(duplex=False)
+        # Starting the first child imports multiprocessing's fork server modules: a stop signal inside
+        # an import lock's callback would be "Exception ignored" and printed, so it waits for the start.
+        with signals_deferred():
+            self._child = context.Process(target=_child, args=(send, fn, args), daemon=True)  # type: ignore[attr-defined]
+            self._child.start()
+        send.close()  # the child holds the only writer: its death is the pipe's end
+
+    def answered(self, timeout: float = 0.0) -> bool:
+        """Whether the child's answer (or its end) has come, waiting at most `timeout` seconds."""
+        return self._receive.poll(timeout)
+
+    def result(self, timeout: float | None = None) -> T:
+        """The call's result, or its exception raised here again. Raises `ChildCrashed` when the
+        child dies without an answer, `ChildTimeout` after `timeout` seconds (None: no limit)."""
+        try:
+            if not self._receive.poll(timeout):
+                raise ChildTimeout(f"no answer from the child process within {timeout} s")
+            ok, value = self._receive.recv()
+        except EOFError:
+            self._child.join()
+            code = self._child.exitcode
+            raise ChildCrashed(-code if code is not None and code < 0 else None, code) from None
+        finally:
+            self.close()
+        if ok:
+            return value
+        raise value
+
+    def close(self) -> None:
+        if self._child.exitcode is None:
+            self._child.kill()
+        self._child.join()
+        self._receive.close()
+
+    def __enter__(self) -> Pending[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_in_child(fn: Callable[..., T], *args: Any) -> Pending[T]:
+    """`fn(*args)` started in a fresh child process, this one going on meanwhile."""
+    return Pending(fn, args)
+
+
+def run_in_child(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
+    """`fn(*args)` in a fresh child process; its result, or its exception raised here again.
+    Raises `ChildCrashed` when the child dies without an answer, `ChildTimeout` after `timeout`
+    seconds (None: no limit)."""
+    return start_in_child(fn, *args).result(timeout)
 
 
 def _child(send: Connection, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:

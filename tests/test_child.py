@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rlx_onnx_amp.child import ChildCrashed, ChildTimeout, run_in_child
+from rlx_onnx_amp.child import ChildCrashed, ChildTimeout, child_event, run_in_child, start_in_child
 
 
 def _segfault() -> None:
@@ -107,3 +108,18 @@ def test_a_temporary_directory_too_long_for_the_fork_servers_socket(tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TMPDIR": str(deep)})
     assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+
+
+def _after(go: Any, value: int) -> int:
+    go.wait()
+    return value
+
+
+def test_a_started_child_runs_beside_this_process_and_waits_for_its_event() -> None:
+    """`start_in_child` returns at once; a child held by `child_event` cannot answer before this
+    process sets it (the written model's timed runs wait for the judgement so)."""
+    go = child_event()
+    with start_in_child(_after, go, 7) as pending:
+        assert not pending.answered(0.5)
+        go.set()
+        assert pending.result() == 7

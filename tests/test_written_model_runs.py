@@ -82,4 +82,5 @@ def test_on_a_stand_in_provider_it_says_so_and_the_verdict_is_emulated(crashing:
     assert result.returncode == 0, result.stderr
     verify = json.loads((tmp_path / "r.json").read_text())["verify"]
     assert verify["emulated"] and not verify["candidate_loaded"]
-    assert "SIGSEGV" in verify["latency"]["note"] and verify["latency"]["candidate_ms"] is None
+    assert verify["emulation_reason"].startswith("cpu cannot run the candidate: ")
+    assert "SIGSEGV" in verify["emulation_reason"] and "SIGSEGV" in verify["latency"]["note"] and verify["latency"]["candidate_ms"] is None

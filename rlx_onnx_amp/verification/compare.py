@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Protocol
 
@@ -109,10 +110,13 @@ def _cannot_fall_back(provider: str) -> bool:
     return len(_with_cpu(provider)) == 1
 
 
-def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str) -> float:
+def measure_latency(
+    path: Path, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str, go: Event | None = None
+) -> float:
     """Median milliseconds per inference of the model file at `path` on `provider` over `runs`
     warm runs (one untimed run first), with onnxruntime's default session options (graph
-    optimizations and prepacking on, as a user's session has them), unlike `Session`."""
+    optimizations and prepacking on, as a user's session has them), unlike `Session`. With `go`,
+    the timed runs wait for it to be set (the process that set it no longer busy on the CPUs)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     opts.intra_op_num_threads = session_thread_count()
@@ -121,6 +125,8 @@ def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], 
         inputs = {i.name: i.type for i in session.get_inputs()}
         typed = {k: _as_input_type(v, inputs[k]) for k, v in feeds.items() if k in inputs}
         session.run(None, typed)
+        if go is not None and runs:
+            go.wait()
         times = []
         for _ in range(runs):
             start = time.perf_counter()
@@ -132,12 +138,12 @@ def measure_latency(path: Path, provider: str, feeds: Mapping[str, np.ndarray], 
 
 
 def time_written_model(
-    path: str, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str
+    path: str, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str, go: Event | None = None
 ) -> tuple[float | None, str | None]:
-    """`measure_latency` as a child process runs it (`child.run_in_child`): (milliseconds per
+    """`measure_latency` as a child process runs it (`child.start_in_child`): (milliseconds per
     inference, None), or (None, why it cannot run); with `runs` 0 the model runs once, untimed."""
     try:
-        ms = measure_latency(Path(path), provider, feeds, runs, label)
+        ms = measure_latency(Path(path), provider, feeds, runs, label, go)
     except ModelRunError as e:
         return None, str(e)
     return (ms if runs else None), None
@@ -182,6 +188,13 @@ def emulation_reason(emulate: bool | None, provider: str, precision: Precision) 
     if emulate:
         return "asked with --emulate"
     return "the CPU provider computes most f16 ops in f32 and has no bf16 arithmetic" if provider == "cpu" else None
+
+
+def emulated_without_loading(cand_model: onnx.ModelProto, provider: str, emulate_option: bool | None) -> bool:
+    """Whether `open_compared` on a file that already ran (`ran`) emulates it without loading it:
+    its judgement holds no session on the file itself."""
+    reason = emulation_reason(emulate_option, provider, _lowest_precision(low_precision_values(cand_model)))
+    return reason is not None and _cannot_fall_back(provider)
 
 
 def _emulation_fallback(error: ModelRunError, emulate: bool | None, provider: str, precision: Precision) -> str:
@@ -316,6 +329,12 @@ class Compared:
     emulated: bool
     reason: str | None  # why it is emulated
     loaded: bool  # whether the candidate itself loaded on the provider
+
+    def could_not_load(self, provider: str, error: str) -> None:
+        """The candidate file, emulated without being loaded here, could not run on `provider` in
+        the child that ran it: described as `open_compared` would with that error."""
+        self.loaded = False
+        self.reason = _emulation_fallback(ModelRunError(error), True, provider, self.precision)
 
     @property
     def feed_low(self) -> Mapping[str, int]:

@@ -22,16 +22,18 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model
-from rlx_onnx_amp.child import ChildCrashed, run_in_child
+from rlx_onnx_amp.child import ChildCrashed, Pending, child_event, start_in_child
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TaskVerdict, TracePoint, Verification
+from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Progress,
     Scratch,
     Session,
     VerifyOptions,
+    emulated_without_loading,
     measure_latency,
     open_compared,
     run_each,
@@ -225,12 +227,7 @@ class Verifier:
         _check_interfaces(ref.model, cand_model, ref.path, Path(cand_label))
         if options.save_inputs:
             self._save_inputs(options.save_inputs, cand_path, outputs)
-        # The written file itself runs once here before any verdict (in a child process: an
-        # onnxruntime crash is this run's exit 3, not its end); that run is timed too.
-        cand_ms, cand_error = self._run_written(cand_path, cand_label)
-        judgement = self.judge(
-            cand_model, cand_path, label=cand_label, progress=progress, cannot_run=cand_error, ran=cand_error is None
-        )
+        cand_ms, cand_error, judgement = _run_and_judge(self, cand_model, cand_path, cand_label, progress)
         localized = None
         trace: list[TracePoint] | None = None
         if options.localize:
@@ -264,23 +261,6 @@ class Verifier:
             task=judgement.task,
         )
 
-    def _run_written(self, cand_path: Path, cand_label: str) -> tuple[float | None, str | None]:
-        """The written candidate run once on the first input set, in a child process, and timed
-        (`latency_runs`): its milliseconds, and why it cannot run where it cannot (a stand-in
-        provider's). It cannot run on the provider it is meant for: ModelRunError, exit 3."""
-        ref, options = self.reference, self.options
-        try:
-            ms, error = run_in_child(
-                time_written_model, str(cand_path), ref.provider, ref.samples[0], options.latency_runs, cand_label
-            )
-        except ChildCrashed as e:
-            ms, error = None, f"{cand_label}: onnxruntime crashed running it on {ref.provider}: {e}"
-        if error is not None and (options.target is None or options.target == ref.provider):
-            raise ModelRunError(f"{error}; a model that cannot run is never passed")
-        if error is not None:
-            logger.info("%s; %s only stands in for the %s target here", error, ref.provider, options.target)
-        return ms, error
-
     def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:
         """The reference's time per inference here beside the written file's: what the
         conversion buys (or costs) on this provider."""
@@ -307,6 +287,61 @@ class Verifier:
         with OutputSet(paths.protected()) as own:
             save_inputs(own, target, samples)
             own.commit()
+
+
+#: Up to this many bytes of candidate weights, the written file's run in its child process
+#: overlaps the emulated candidate's run in this one (two sessions held at once); above it, one
+#: session at a time (docs/verification.md, "What runs").
+OVERLAP_MAX_BYTES = 512 * 2**20
+
+
+def _run_and_judge(
+    verifier: Verifier, model: onnx.ModelProto, path: Path, label: str, progress: Progress | None
+) -> tuple[float | None, str | None, Judgement]:
+    """The written file run once (and timed) in a child process before any verdict (an
+    onnxruntime crash there is this run's exit 3, not its end), and the candidate judged. Where
+    the judgement is an emulation that does not load the file in this process and the weights
+    are small, the two run at the same time: onnxruntime's CPU session on an f16 graph is what
+    grows fastest with a graph's size (docs/benchmarks.md); the child's timed runs wait until
+    the judgement is done, so that they do not share the CPUs with it."""
+    ref, options = verifier.reference, verifier.options
+    args = (time_written_model, str(path), ref.provider, ref.samples[0], options.latency_runs, label)
+    overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
+        tensor_nbytes(t) for t in model.graph.initializer
+    ) <= OVERLAP_MAX_BYTES
+    if not overlap:
+        with start_in_child(*args) as pending:
+            ms, error = _written_answer(pending, verifier, label)
+        judged = verifier.judge(model, path, label=label, progress=progress, cannot_run=error, ran=error is None)
+        return ms, error, judged
+    go = child_event()
+    with start_in_child(*args, go) as pending:
+        try:
+            judgement = verifier.judge(model, path, label=label, progress=progress, ran=True)
+        finally:  # the child's answer first: a file that cannot run is the error, not what followed
+            go.set()
+            ms, error = _written_answer(pending, verifier, label)
+    if error is not None:  # it cannot run on the provider that stands in for the target
+        judgement.compared.could_not_load(ref.provider, error)
+    return ms, error, judgement
+
+
+def _written_answer(
+    pending: Pending[tuple[float | None, str | None]], verifier: Verifier, label: str
+) -> tuple[float | None, str | None]:
+    """The written file's run (`compare.time_written_model`): its milliseconds, and why it cannot
+    run where it cannot (a stand-in provider's). It cannot run on the provider it is meant for:
+    ModelRunError, exit 3."""
+    provider, target = verifier.reference.provider, verifier.options.target
+    try:
+        ms, error = pending.result()
+    except ChildCrashed as e:
+        ms, error = None, f"{label}: onnxruntime crashed running it on {provider}: {e}"
+    if error is not None and (target is None or target == provider):
+        raise ModelRunError(f"{error}; a model that cannot run is never passed")
+    if error is not None:
+        logger.info("%s; %s only stands in for the %s target here", error, provider, target)
+    return ms, error
 
 
 def verify(
