@@ -36,6 +36,7 @@ from rlx_onnx_amp.directory import (
     StagedDirectory,
     check_cache_types,
     config_shapes,
+    config_task,
     genai_cache_shapes,
     scan_export_dir,
     with_genai_folder_hint,
@@ -128,15 +129,16 @@ class ConvertJob:
     def __init__(self, settings: JobSettings, paths: RunPaths) -> None:
         self.settings, self.paths = settings, paths
 
-    def with_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> ConvertJob:
+    def in_folder(self, shapes: Mapping[str, tuple[int, ...]], task: tuple[str, str] | None) -> ConvertJob:
         """This job with `shapes` for inputs its verification synthesizes, where `--shape`
-        names none (an export directory's `genai_cache_shapes`)."""
+        names none (an export directory's `genai_cache_shapes`), and the task the folder's
+        config names (`directory.config_task`)."""
         verify_options = self.settings.verify_options
-        if not shapes or verify_options is None:
+        if verify_options is None or (not shapes and task is None):
             return self
         spec = dataclasses.replace(verify_options.spec, shapes={**shapes, **verify_options.spec.shapes})
-        settings = dataclasses.replace(self.settings, verify_options=dataclasses.replace(verify_options, spec=spec))
-        return ConvertJob(settings, self.paths)
+        verify_options = dataclasses.replace(verify_options, spec=spec, folder_task=task)
+        return ConvertJob(dataclasses.replace(self.settings, verify_options=verify_options), self.paths)
 
     def convert(
         self, src: str, dst: str, outputs: OutputSet, shown: str | None = None, position: str = ""
@@ -638,12 +640,13 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[tuple[Model
     cache_shapes = genai_cache_shapes(src)
     for rel, shapes in config_shapes(src, export.models).items():
         cache_shapes[rel] = {**shapes, **cache_shapes.get(rel, {})}
+    folder_task = config_task(src)
     job = ConvertJob(dataclasses.replace(job.settings, export_dir=True), job.paths)
     results: list[tuple[ModelResult, float]] = []
     with StagedDirectory(out) as staged:
         with OutputSet(job.paths.protected()) as outputs:
             for k, rel in enumerate(export.models, 1):
-                model_job, started = job.with_shapes(cache_shapes.get(rel, {})), time.monotonic()
+                model_job, started = job.in_folder(cache_shapes.get(rel, {}), folder_task), time.monotonic()
                 position = f"[{k}/{len(export.models)}] " if len(export.models) > 1 else ""
                 result = model_job.convert(str(src / rel), str(staged.path(rel)), outputs, str(out / rel), position)
                 results.append((result, time.monotonic() - started))

@@ -52,6 +52,7 @@ __all__ = [
     "StagedDirectory",
     "check_cache_types",
     "config_shapes",
+    "config_task",
     "genai_cache_shapes",
     "scan_export_dir",
     "with_genai_folder_hint",
@@ -282,6 +283,40 @@ def _image_size(pre: dict, config: dict) -> tuple[int, int] | None:
                 return size["height"], size["width"]
             if isinstance(size.get("shortest_edge"), int):
                 return size["shortest_edge"], size["shortest_edge"]
+    return None
+
+
+#: A Hugging Face `config.json` architecture's name ending -> the task its exports do (the
+#: first ending that matches; a bare encoder, `BertModel`, computes embeddings).
+_ARCHITECTURE_TASKS = (
+    ("LMHeadModel", "generate"),
+    ("ForCausalLM", "generate"),
+    ("ForConditionalGeneration", "generate"),
+    ("ForSpeechSeq2Seq", "generate"),
+    ("ForObjectDetection", "detect"),
+    ("ForImageClassification", "classify"),
+    ("ForSequenceClassification", "classify"),
+    ("ForAudioClassification", "classify"),
+    ("ForTokenClassification", "classify"),
+    ("Model", "embed"),
+)
+#: sentence-transformers' module list: its folder's model computes embeddings.
+_SENTENCE_TRANSFORMERS = "modules.json"
+
+
+def config_task(root: Path) -> tuple[str, str] | None:
+    """The task an export folder's configs name, and where: onnxruntime-genai's
+    genai_config.json (generate), sentence-transformers' modules.json (embed), or the first
+    `config.json` architecture `_ARCHITECTURE_TASKS` knows; None where none does."""
+    if (root / GENAI_CONFIG).is_file():
+        return "generate", GENAI_CONFIG
+    if (root / _SENTENCE_TRANSFORMERS).is_file():
+        return "embed", f"{_SENTENCE_TRANSFORMERS} (sentence-transformers)"
+    architectures = _json_file(root / "config.json").get("architectures")
+    for name in architectures if isinstance(architectures, list) else []:
+        for ending, task in _ARCHITECTURE_TASKS:
+            if isinstance(name, str) and name.endswith(ending):
+                return task, f"config.json architectures {name}"
     return None
 
 

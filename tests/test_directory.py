@@ -340,6 +340,7 @@ TASK_OF_FILE = {
     "llama-external": {"model.onnx": "generate"},
     "vit": {"model.onnx": "classify"},
     "resnet": {"model.onnx": "classify"},
+    "sentence-transformers": {"model.onnx": "embed"},
     "whisper": {"encoder_model.onnx": "embed", "decoder_model.onnx": "generate",
                 "decoder_model_merged.onnx": "generate", "decoder_with_past_model.onnx": "generate"},
 }
@@ -354,15 +355,19 @@ TASK_OF_FILE = {
     ("vit", "image-classification", []),  # pixel_values' symbolic axes: sizes from preprocessor_config.json
     ("resnet", "image-classification", []),
     ("whisper", "speech-seq2seq", []),
+    ("sentence-transformers", "sentence-embedding", []),  # onnx/model.onnx in a sub-folder, empty 2_Normalize/
 ])
 @pytest.mark.parametrize("policy", ["always-f16", "auto-mixed"])
 def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Path, folder: str, kind: str,
                                             shapes: list[str], policy: str) -> None:
     """The converted folder loads in ORTModelForSeq2SeqLM / ORTModelForFeatureExtraction /
-    ORTModelForCausalLM / ORTModelForImageClassification / ORTModelForSpeechSeq2Seq as written
+    ORTModelForCausalLM / ORTModelForImageClassification / ORTModelForSpeechSeq2Seq, and
+    sentence-transformers' SentenceTransformer(backend="onnx") as written
     (the T5 and whisper ones hold the merged decoder, verified on both of its branches), and
     generates the f32 export's greedy tokens (a classifier: its class). With no option, each
     file's verdict is on the task its interface names, and says so."""
+    if not (optimum_exports / folder).is_dir():
+        pytest.skip(f"fixtures/export_optimum.py wrote no {folder}/: the optimum venv has no sentence-transformers")
     out = tmp_path / "out"
     result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", "--report-json", tmp_path / "r.json", *shapes)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -378,6 +383,12 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
         return json.loads(ran.stdout)
 
     want, got = client(optimum_exports / folder), client(out)
+    if kind == "sentence-embedding":  # every sentence's embedding, row by row
+        a, b = (np.asarray(r["embeddings"], dtype=np.float64) for r in (want, got))
+        assert a.shape == b.shape == (3, 32)
+        cosines = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        assert cosines.min() >= 0.999, cosines
+        return
     if kind == "feature-extraction":
         a, b = (np.asarray(r["last_hidden_state_head"], dtype=np.float64) for r in (want, got))
     else:

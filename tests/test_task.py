@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from rlx_onnx_amp.directory import config_task
 from rlx_onnx_amp.reports.record import TaskVerdict
 from rlx_onnx_amp.verification.task import Task, choose_task, judge_task
 from rlx_onnx_amp.verification.tolerance import Tolerance
@@ -54,16 +55,67 @@ def test_auto_picks_the_task_from_the_output_names_and_says_so() -> None:
     assert choose_task("classify", {"y": (2, 3)})[1] == ("y",)
 
 
-def _logits_model(scale: float) -> onnx.ModelProto:
+def test_auto_takes_the_task_the_folders_config_names_where_the_interface_allows_it(tmp_path: Path) -> None:
+    vit = ("classify", "config.json architectures ViTForImageClassification")
+    assert choose_task("auto", {"y": (1, 10)}, None, vit) == (Task.CLASSIFY, ("y",), f"auto: {vit[1]}")
+    # A seq2seq folder names generate; its encoder is no decoder step: its outputs decide.
+    t5 = ("generate", "config.json architectures T5ForConditionalGeneration")
+    assert choose_task("auto", {"last_hidden_state": (1, 8, 16)}, None, t5) == (
+        Task.EMBED, ("last_hidden_state",), "auto: output 'last_hidden_state'")
+    assert choose_task("none", {"y": (1, 10)}, None, vit)[0] is Task.NONE  # --task given: the config is not asked
+    for files, want in [
+        ({"genai_config.json": "{}"}, ("generate", "genai_config.json")),
+        ({"modules.json": "[]", "config.json": '{"architectures": ["BertModel"]}'},
+         ("embed", "modules.json (sentence-transformers)")),
+        ({"config.json": '{"architectures": ["GPT2LMHeadModel"]}'}, ("generate", "config.json architectures GPT2LMHeadModel")),
+        ({"config.json": '{"architectures": ["DetrForObjectDetection"]}'}, ("detect", "config.json architectures DetrForObjectDetection")),
+        ({"config.json": '{"architectures": ["BertModel"]}'}, ("embed", "config.json architectures BertModel")),
+        ({"config.json": '{"architectures": ["SomethingElse"]}'}, None),
+        ({"config.json": "not json"}, None),
+        ({}, None),
+    ]:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        assert config_task(folder) == want, files
+
+
+def test_a_folders_config_decides_the_task_its_output_names_do_not(tmp_path: Path) -> None:
+    """A classifier whose output is named `y`: alone, no output names a task and the element-wise
+    check (too strict for f16 here) fails; in a folder whose config.json names an image
+    classifier, its class per row is judged, and passes."""
+    strict = ("--atol", "1e-6", "--rtol-of-max", "0", "--min-cosine", "1")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    onnx.save(_logits_model(3.0, "y"), str(alone / "model.onnx"))
+    result = rlx(alone, "-p", "always-f16", "-o", tmp_path / "a", "--provider", "cpu", *strict, "-q",
+                 "--report-json", tmp_path / "a.json")
+    assert result.returncode == 1
+    assert "task" not in json.loads((tmp_path / "a.json").read_text())["models"][0]["verify"]  # element-wise decides
+    folder = tmp_path / "vit"
+    folder.mkdir()
+    onnx.save(_logits_model(3.0, "y"), str(folder / "model.onnx"))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["ViTForImageClassification"]}))
+    result = rlx(folder, "-p", "always-f16", "-o", tmp_path / "b", "--provider", "cpu", *strict,
+                 "--report-json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    task = json.loads((tmp_path / "b.json").read_text())["models"][0]["verify"]["task"]
+    assert (task["task"], task["passed"]) == ("classify", True)
+    assert task["chosen_by"] == "auto: config.json architectures ViTForImageClassification"
+    assert "task classify (auto: config.json architectures ViTForImageClassification): PASSED" in result.stdout
+
+
+def _logits_model(scale: float, output: str = "logits") -> onnx.ModelProto:
     """logits = x @ W * scale: a large scale moves every logit past the element-wise bound in
     f16 while the class of each row stays (the rows are far from ties)."""
     w = np.zeros((4, 6), np.float32)
     for i in range(4):
         w[i, i] = 1.0 + i
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], ["logits"])], "clf",
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], [output])], "clf",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [8, 6])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [8, 6])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(scale, np.float32), "s")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)

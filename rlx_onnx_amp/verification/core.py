@@ -172,7 +172,7 @@ class Verifier:
         ref = self.reference
         shapes = {n: np.shape(v) for n, v in ref.runs[0].items()} if ref.runs else {}
         self._generator = find_generator(ref.model)
-        chosen = choose_task(self.options.task, shapes, self._generator)
+        chosen = choose_task(self.options.task, shapes, self._generator, self.options.folder_task)
         if chosen[0] is Task.GENERATE:
             assert self._generator is not None
             session = Session(str(ref.path), ref.provider, str(ref.path))
@@ -183,7 +183,7 @@ class Verifier:
             if not self._ref_steps:
                 if self.options.task != Task.AUTO.value:
                     raise ModelRunError(f"{ref.path}: --task generate: no input set can take a second greedy step")
-                task, named, how = choose_task(self.options.task, shapes, None)
+                task, named, how = choose_task(self.options.task, shapes, None, self.options.folder_task)
                 chosen = (task, named, f"{how} (a decoder step, but the greedy loop's next step cannot run)")
         self._chosen = chosen
         return chosen

@@ -58,6 +58,9 @@ class VerifyOptions:
     #: What the verdict judges (`verification.task`): "auto" picks from the model's interface,
     #: "logits", "classify", "embed", "detect", "generate", or "none" (element-wise only).
     task: str = "auto"
+    #: The task an export folder's config names, and where it says so (`directory.config_task`):
+    #: under `task` "auto" it is judged wherever the model's interface allows it.
+    folder_task: tuple[str, str] | None = None
     #: The greedy steps per prompt of the `generate` task, its first one included.
     generate_steps: int = DEFAULT_GENERATE_STEPS
 

@@ -49,12 +49,30 @@ MATCH_IOU = 0.5
 
 
 def choose_task(
-    task: str, outputs: Mapping[str, tuple[int, ...]], generator: Generator | None = None
+    task: str,
+    outputs: Mapping[str, tuple[int, ...]],
+    generator: Generator | None = None,
+    folder_task: tuple[str, str] | None = None,
 ) -> tuple[Task, tuple[str, ...], str]:
     """(the task, the outputs it judges, how it was chosen) for `--task`, the reference's output
     shapes and the decoder step the model is (`generate.find_generator`); `Task.NONE` with no
-    output where nothing names a task. `auto` looks for, in order: a decoder step with a cache,
+    output where nothing names a task. `auto` takes the task the export folder's config names
+    (`folder_task`: the task, where it says so) where the model's interface allows it (a seq2seq
+    folder's encoder is no decoder step), else looks for, in order: a decoder step with a cache,
     a detector's boxes, logits or scores, embeddings."""
+    if task == Task.AUTO.value and folder_task is not None:
+        try:
+            named_task, named, _ = _from_interface(folder_task[0], outputs, generator)
+        except InputError:
+            pass  # this file of the folder cannot be judged so: its interface decides
+        else:
+            return named_task, named, f"auto: {folder_task[1]}"
+    return _from_interface(task, outputs, generator)
+
+
+def _from_interface(
+    task: str, outputs: Mapping[str, tuple[int, ...]], generator: Generator | None
+) -> tuple[Task, tuple[str, ...], str]:
     try:
         wanted = Task(task)
     except ValueError:
