@@ -84,3 +84,26 @@ def test_on_a_stand_in_provider_it_says_so_and_the_verdict_is_emulated(crashing:
     assert verify["emulated"] and not verify["candidate_loaded"]
     assert verify["emulation_reason"].startswith("cpu cannot run the candidate: ")
     assert "SIGSEGV" in verify["emulation_reason"] and "SIGSEGV" in verify["latency"]["note"] and verify["latency"]["candidate_ms"] is None
+
+
+def test_a_stop_while_judging_does_not_wait_for_the_written_files_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The written file's run overlaps the emulated judgement; a stop (^C) during the judgement
+    ends the verification at once (the child killed), without waiting for the child's answer,
+    which its timed runs hold back until the judgement is done."""
+    from rlx_onnx_amp.verification import core
+    from rlx_onnx_amp.verification.options import VerifyOptions
+
+    src, cand = tmp_path / "f32.onnx", tmp_path / "f16.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    assert rlx(src, "-p", "always-f16", "-o", cand, "--no-verify", "-q").returncode == 0
+    answers: list[str] = []
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    real_answer = core._written_answer
+    monkeypatch.setattr(core, "_written_answer", lambda *a: answers.append("waited") or real_answer(*a))
+    monkeypatch.setattr(core.Verifier, "judge", interrupted)
+    with pytest.raises(KeyboardInterrupt), core.Verifier.prepare(src, VerifyOptions(provider="cpu")) as verifier:
+        verifier.verify(cand)
+    assert answers == []

@@ -315,12 +315,15 @@ def _run_and_judge(
         judged = verifier.judge(model, path, label=label, progress=progress, cannot_run=error, ran=error is None)
         return ms, error, judged
     go = child_event()
-    with start_in_child(*args, go) as pending:
+    with start_in_child(*args, go) as pending:  # a stop (^C, SIGTERM) leaves it: the child is killed
         try:
             judgement = verifier.judge(model, path, label=label, progress=progress, ran=True)
-        finally:  # the child's answer first: a file that cannot run is the error, not what followed
+        except Exception:  # the child's answer first: a file that cannot run is the error, not what followed
             go.set()
-            ms, error = _written_answer(pending, verifier, label)
+            _written_answer(pending, verifier, label)
+            raise
+        go.set()
+        ms, error = _written_answer(pending, verifier, label)
     if error is not None:  # it cannot run on the provider that stands in for the target
         judgement.compared.could_not_load(ref.provider, error)
     return ms, error, judgement
