@@ -107,3 +107,26 @@ def test_a_stop_while_judging_does_not_wait_for_the_written_files_run(tmp_path: 
     with pytest.raises(KeyboardInterrupt), core.Verifier.prepare(src, VerifyOptions(provider="cpu")) as verifier:
         verifier.verify(cand)
     assert answers == []
+
+
+def test_the_overlapped_and_the_one_at_a_time_runs_report_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above `OVERLAP_MAX_BYTES` of weights the written file's run comes first and the judgement
+    after it, one session at a time; below, they overlap. Both give the same verdict, drifts and
+    proof of loading, and both time the written file."""
+    from rlx_onnx_amp.verification import core
+    from rlx_onnx_amp.verification.options import VerifyOptions
+
+    src, cand = tmp_path / "f32.onnx", tmp_path / "f16.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    assert rlx(src, "-p", "always-f16", "-o", cand, "--no-verify", "-q").returncode == 0
+    reports = []
+    for limit in (core.OVERLAP_MAX_BYTES, 0):
+        monkeypatch.setattr(core, "OVERLAP_MAX_BYTES", limit)
+        with core.Verifier.prepare(src, VerifyOptions(provider="cpu")) as verifier:
+            reports.append(verifier.verify(cand))
+    overlapped, one_at_a_time = reports
+    assert overlapped.emulated and overlapped.candidate_loaded and overlapped.passed
+    for field in ("passed", "emulated", "emulation_reason", "candidate_loaded", "outputs", "task"):
+        assert getattr(overlapped, field) == getattr(one_at_a_time, field), field
+    assert overlapped.latency is not None and one_at_a_time.latency is not None
+    assert overlapped.latency.candidate_ms is not None and one_at_a_time.latency.candidate_ms is not None
