@@ -25,8 +25,9 @@ START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_met
 #: The fork server listens on a socket in the temporary directory, and a socket's path has at
 #: most 107 bytes on Linux: under a longer TMPDIR the child is spawned instead.
 _SOCKET_PATH_ROOM = 107 - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
-#: Imported once by the fork server, not by each child: onnxruntime and the session code.
-_PRELOAD = ["rlx_onnx_amp.verification.compare"]
+#: Imported once by the fork server, not by each child: onnxruntime and the written model's run
+#: (`rlx_onnx_amp.timing`, kept light: the server's start delays the first child).
+_PRELOAD = ["rlx_onnx_amp.timing"]
 
 
 class ChildCrashed(Exception):

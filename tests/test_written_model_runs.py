@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -102,7 +103,12 @@ def test_a_stop_while_judging_does_not_wait_for_the_written_files_run(tmp_path: 
         raise KeyboardInterrupt
 
     real_answer = core._written_answer
-    monkeypatch.setattr(core, "_written_answer", lambda *a: answers.append("waited") or real_answer(*a))
+
+    def recorded(*args: Any) -> Any:
+        answers.append("waited")
+        return real_answer(*args)
+
+    monkeypatch.setattr(core, "_written_answer", recorded)
     monkeypatch.setattr(core.Verifier, "judge", interrupted)
     with pytest.raises(KeyboardInterrupt), core.Verifier.prepare(src, VerifyOptions(provider="cpu")) as verifier:
         verifier.verify(cand)

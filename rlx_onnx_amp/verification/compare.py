@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Protocol
 
@@ -43,13 +40,14 @@ __all__ = [
     "Scratch",
     "Session",
     "VerifyOptions",
+    "emulated_without_loading",
     "emulation_reason",
-    "measure_latency",
     "open_compared",
+    "ort_providers",
     "resolve_provider",
     "run_each",
     "session_threads",
-    "time_written_model",
+    "typed_feeds",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,43 +108,17 @@ def _cannot_fall_back(provider: str) -> bool:
     return len(_with_cpu(provider)) == 1
 
 
-def measure_latency(
-    path: Path, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str, go: Event | None = None
-) -> float:
-    """Median milliseconds per inference of the model file at `path` on `provider` over `runs`
-    warm runs (one untimed run first), with onnxruntime's default session options (graph
-    optimizations and prepacking on, as a user's session has them), unlike `Session`. With `go`,
-    the timed runs wait for it to be set (the process that set it no longer busy on the CPUs)."""
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.intra_op_num_threads = session_thread_count()
-    try:
-        session = ort.InferenceSession(str(path), opts, providers=_with_cpu(provider))
-        inputs = {i.name: i.type for i in session.get_inputs()}
-        typed = {k: _as_input_type(v, inputs[k]) for k, v in feeds.items() if k in inputs}
-        session.run(None, typed)
-        if go is not None and runs:
-            go.wait()
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            session.run(None, typed)
-            times.append(time.perf_counter() - start)
-    except Exception as e:
-        raise ModelRunError(f"{label}: onnxruntime cannot run it on {provider} ({first_line(e, 200)})") from None
-    return round(statistics.median(times) * 1000, 4) if times else 0.0  # runs 0: it ran once, untimed
+def typed_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`feeds` in the types of `model`'s float inputs (an f16 input takes f16 values), for a
+    session opened where the model's input types are not known (`timing.measure_latency`)."""
+    wanted = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    by_elem = {info.elem_type: info.type_str for info in PRECISIONS.values()}
+    return {k: _as_input_type(v, by_elem.get(wanted.get(k, 0), "")) for k, v in feeds.items()}
 
 
-def time_written_model(
-    path: str, provider: str, feeds: Mapping[str, np.ndarray], runs: int, label: str, go: Event | None = None
-) -> tuple[float | None, str | None]:
-    """`measure_latency` as a child process runs it (`child.start_in_child`): (milliseconds per
-    inference, None), or (None, why it cannot run); with `runs` 0 the model runs once, untimed."""
-    try:
-        ms = measure_latency(Path(path), provider, feeds, runs, label, go)
-    except ModelRunError as e:
-        return None, str(e)
-    return (ms if runs else None), None
+def ort_providers(provider: str) -> list[str]:
+    """onnxruntime's providers for a session on `provider`: it, with the CPU provider behind it."""
+    return _with_cpu(provider)
 
 
 def _map_file(path: Path) -> np.ndarray:

@@ -27,6 +27,7 @@ from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TaskVerdict, TracePoint, Verification
 from rlx_onnx_amp.tensors import tensor_nbytes
+from rlx_onnx_amp.timing import measure_latency, time_written_model
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Progress,
@@ -34,10 +35,11 @@ from rlx_onnx_amp.verification.compare import (
     Session,
     VerifyOptions,
     emulated_without_loading,
-    measure_latency,
     open_compared,
+    ort_providers,
     run_each,
-    time_written_model,
+    session_thread_count,
+    typed_feeds,
 )
 from rlx_onnx_amp.verification.generate import Generator, Steps, decode, find_generator
 from rlx_onnx_amp.verification.inputs import save_inputs
@@ -269,7 +271,9 @@ class Verifier:
         ref_ms = None
         if runs:
             try:
-                ref_ms = measure_latency(ref.path, ref.provider, ref.samples[0], runs, str(ref.path))
+                feeds = typed_feeds(ref.model, ref.samples[0])
+                ref_ms = measure_latency(ref.path, ref.provider, ort_providers(ref.provider), feeds, runs,
+                                         str(ref.path), session_thread_count())
             except ModelRunError as e:
                 notes.append(str(e))
         return Latency(ref.provider, runs, ref_ms, cand_ms, "; ".join(notes) or None)
@@ -305,7 +309,9 @@ def _run_and_judge(
     grows fastest with a graph's size (docs/benchmarks.md); the child's timed runs wait until
     the judgement is done, so that they do not share the CPUs with it."""
     ref, options = verifier.reference, verifier.options
-    args = (time_written_model, str(path), ref.provider, ref.samples[0], options.latency_runs, label)
+    feeds = typed_feeds(model, ref.samples[0])
+    args = (time_written_model, str(path), ref.provider, ort_providers(ref.provider), feeds, options.latency_runs,
+            label, session_thread_count())  # the child's threads: a --jobs worker's share, as this process's
     overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
         tensor_nbytes(t) for t in model.graph.initializer
     ) <= OVERLAP_MAX_BYTES
@@ -332,7 +338,7 @@ def _run_and_judge(
 def _written_answer(
     pending: Pending[tuple[float | None, str | None]], verifier: Verifier, label: str
 ) -> tuple[float | None, str | None]:
-    """The written file's run (`compare.time_written_model`): its milliseconds, and why it cannot
+    """The written file's run (`timing.time_written_model`): its milliseconds, and why it cannot
     run where it cannot (a stand-in provider's). It cannot run on the provider it is meant for:
     ModelRunError, exit 3."""
     provider, target = verifier.reference.provider, verifier.options.target
