@@ -12,67 +12,65 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from rlx_onnx_amp.errors import ModelRunError, first_line
 
-__all__ = ["measure_latency", "time_written_model"]
+__all__ = ["TimedRun", "measure_latency", "time_written_model"]
 
 
-def measure_latency(
-    path: Path,
-    provider: str,
-    providers: Sequence[str],
-    feeds: Mapping[str, np.ndarray],
-    runs: int,
-    label: str,
-    threads: int = 0,
-    go: Event | None = None,
-) -> float:
-    """Median milliseconds per inference of the model file at `path` on `provider` (onnxruntime's
-    `providers`) over `runs` warm runs (one untimed run first), with onnxruntime's default session
-    options (graph optimizations and prepacking on, as a user's session has them) and `threads`
-    intra-op threads (0: all cores). With `go`, the timed runs wait for it to be set (the process
-    that set it no longer busy on the CPUs)."""
+@dataclass(frozen=True)
+class TimedRun:
+    """What to time: the model file at `path` on `provider` (onnxruntime's `providers`), `runs`
+    warm runs (0: it runs once, untimed) with `threads` intra-op threads (0: all cores); `label`
+    names it in an error."""
+
+    path: str
+    provider: str
+    providers: tuple[str, ...]
+    runs: int
+    label: str
+    threads: int = 0
+
+
+def measure_latency(run: TimedRun, feeds: Mapping[str, np.ndarray], go: Event | None = None) -> float:
+    """Median milliseconds per inference of `run` on `feeds` (in the model's input types), one
+    untimed run first, with onnxruntime's default session options (graph optimizations and
+    prepacking on, as a user's session has them). With `go`, the timed runs wait for it to be
+    set (the process that set it no longer busy on the CPUs)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
-    opts.intra_op_num_threads = threads
+    opts.intra_op_num_threads = run.threads
     try:
-        session = ort.InferenceSession(str(path), opts, providers=list(providers))
+        session = ort.InferenceSession(run.path, opts, providers=list(run.providers))
         inputs = {i.name for i in session.get_inputs()}
         typed = {k: v for k, v in feeds.items() if k in inputs}
         session.run(None, typed)
-        if go is not None and runs:
+        if go is not None and run.runs:
             go.wait()
         times = []
-        for _ in range(runs):
+        for _ in range(run.runs):
             start = time.perf_counter()
             session.run(None, typed)
             times.append(time.perf_counter() - start)
     except Exception as e:
-        raise ModelRunError(f"{label}: onnxruntime cannot run it on {provider} ({first_line(e, 200)})") from None
+        why = first_line(e, 200)
+        raise ModelRunError(f"{run.label}: onnxruntime cannot run it on {run.provider} ({why})") from None
     return round(statistics.median(times) * 1000, 4) if times else 0.0  # runs 0: it ran once, untimed
 
 
 def time_written_model(
-    path: str,
-    provider: str,
-    providers: Sequence[str],
-    feeds: Mapping[str, np.ndarray],
-    runs: int,
-    label: str,
-    threads: int = 0,
-    go: Event | None = None,
+    run: TimedRun, feeds: Mapping[str, np.ndarray], go: Event | None = None
 ) -> tuple[float | None, str | None]:
     """`measure_latency` as a child process runs it: (milliseconds per inference, None), or
-    (None, why it cannot run); with `runs` 0 the model runs once, untimed."""
+    (None, why it cannot run); with `run.runs` 0 the model runs once, untimed."""
     try:
-        ms = measure_latency(Path(path), provider, providers, feeds, runs, label, threads, go)
+        ms = measure_latency(run, feeds, go)
     except ModelRunError as e:
         return None, str(e)
-    return (ms if runs else None), None
+    return (ms if run.runs else None), None

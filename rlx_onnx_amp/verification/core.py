@@ -27,7 +27,7 @@ from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TaskVerdict, TracePoint, Verification
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.timing import measure_latency, time_written_model
+from rlx_onnx_amp.timing import TimedRun, measure_latency, time_written_model
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Progress,
@@ -271,9 +271,9 @@ class Verifier:
         ref_ms = None
         if runs:
             try:
-                feeds = typed_feeds(ref.model, ref.samples[0])
-                ref_ms = measure_latency(ref.path, ref.provider, ort_providers(ref.provider), feeds, runs,
-                                         str(ref.path), session_thread_count())
+                timed = TimedRun(str(ref.path), ref.provider, tuple(ort_providers(ref.provider)), runs,
+                                 str(ref.path), session_thread_count())
+                ref_ms = measure_latency(timed, typed_feeds(ref.model, ref.samples[0]))
             except ModelRunError as e:
                 notes.append(str(e))
         return Latency(ref.provider, runs, ref_ms, cand_ms, "; ".join(notes) or None)
@@ -309,9 +309,10 @@ def _run_and_judge(
     grows fastest with a graph's size (docs/benchmarks.md); the child's timed runs wait until
     the judgement is done, so that they do not share the CPUs with it."""
     ref, options = verifier.reference, verifier.options
-    feeds = typed_feeds(model, ref.samples[0])
-    args = (time_written_model, str(path), ref.provider, ort_providers(ref.provider), feeds, options.latency_runs,
-            label, session_thread_count())  # the child's threads: a --jobs worker's share, as this process's
+    # The child's threads are this process's: a --jobs worker's share of the CPUs.
+    timed = TimedRun(str(path), ref.provider, tuple(ort_providers(ref.provider)), options.latency_runs, label,
+                     session_thread_count())
+    args = (time_written_model, timed, typed_feeds(model, ref.samples[0]))
     overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
         tensor_nbytes(t) for t in model.graph.initializer
     ) <= OVERLAP_MAX_BYTES
