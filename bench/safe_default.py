@@ -3,6 +3,8 @@ reference run) against `--no-verify`, side by side in one run, on one model.
 
     python3 bench/safe_default.py --model /work/bench_data/llama/llama.onnx [--policy always-f16]
                                   [--repeat 3] [--json bench/out/safe_default.json]
+    # bench/scale.py's synthetic chain of N nodes, this tree against git revision REV
+    python3 bench/safe_default.py --nodes 5000 --policy auto-mixed --baseline-rev 54ac721 --repeat 3
 
 Each mode runs `--repeat` times, alternating, under `/usr/bin/time -v` (wall time and peak
 resident set), into a scratch directory outside the repository; the page cache is warmed by
@@ -10,11 +12,17 @@ one read of the model's files first. Prints the median of each mode, the ratio o
 and the peak RSS against the model's float32 weights (the size of its external data files).
 The mission's bounds: the plain command at most 3.5x the wall time of `--no-verify`, with peak
 RSS at most 1.3x the f32 weights.
+
+--nodes N builds `scale.build_chain(N)` instead of --model. --baseline-rev REV runs each mode
+with the code of REV too (`baseline.worktree`; both trees as `python3 -m rlx_onnx_amp` with
+their own PYTHONPATH, from a directory outside the repo, `scale._tree_at`), alternating: rows
+`rlx MODE` and `rlx@REV MODE`, and each tree's plain / `--no-verify` ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import re
@@ -24,6 +32,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from baseline import REPO, worktree  # bench/ is on sys.path: the scripts run as bench/NAME.py
+from scale import Tree, _tree_at, build_chain
 
 MODES = {"no-verify": ["--no-verify"], "plain": []}
 
@@ -43,10 +54,11 @@ def _weights(model: Path) -> int:
     return sum(p.stat().st_size for p in model.parent.iterdir() if p.name.startswith(model.name) and p != model)
 
 
-def run_once(model: Path, out: Path, policy: str, extra: list[str]) -> dict[str, float]:
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "rlx_onnx_amp", str(model), "--policy", policy,
-           "-o", str(out), "-q", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+def run_once(model: Path, out: Path, policy: str, extra: list[str], tree: Tree | None = None) -> dict[str, float]:
+    base = tree.base if tree is not None else [sys.executable, "-m", "rlx_onnx_amp"]
+    cmd = ["/usr/bin/time", "-v", *base, str(model), "--policy", policy, "-o", str(out), "-q", *extra]
+    env, cwd = (tree.env, tree.cwd) if tree is not None else (None, None)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     if done.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", done.stderr)
@@ -57,29 +69,61 @@ def run_once(model: Path, out: Path, policy: str, extra: list[str]) -> dict[str,
             "exit": done.returncode}
 
 
+def _alternate(model: Path, work: Path, policy: str, repeat: int,
+               trees: dict[str, Tree | None]) -> dict[str, list[dict[str, float]]]:
+    """Each mode under each tree, `repeat` rounds, alternating; rows named MODE (one tree) or
+    `TREE MODE`."""
+    runs: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeat):
+        for label, tree in trees.items():
+            for mode, extra in MODES.items():
+                row = mode if len(trees) == 1 else f"{label} {mode}"
+                runs.setdefault(row, []).append(run_once(model, work / f"{mode}.onnx", policy, extra, tree))
+                print(row, runs[row][-1], flush=True)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model")
+    source.add_argument("--nodes", type=int, help="bench/scale.py's synthetic chain of this many nodes")
     ap.add_argument("--policy", default="always-f16")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline-rev", help="also run each mode with the code of this git revision")
     ap.add_argument("--json", default=str(Path(__file__).parent / "out" / "safe_default.json"))
     args = ap.parse_args(argv)
-    model = Path(args.model).resolve()
-    _warm(model)
-    weights_mb = _weights(model) / 2**20
-    runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     work = Path(tempfile.mkdtemp(prefix="rlx-amp-bench-safe-"))
     try:
-        for _ in range(args.repeat):
-            for mode, extra in MODES.items():
-                runs[mode].append(run_once(model, work / f"{mode}.onnx", args.policy, extra))
-                print(mode, runs[mode][-1], flush=True)
+        if args.nodes:
+            model = work / f"chain_{args.nodes}.onnx"
+            build_chain(args.nodes, model)
+        else:
+            model = Path(args.model).resolve()
+        _warm(model)
+        weights_mb = _weights(model) / 2**20
+        with contextlib.ExitStack() as stack:
+            trees: dict[str, Tree | None] = {"rlx": None}
+            baseline_commit = None
+            if args.baseline_rev:
+                root, baseline_commit = stack.enter_context(worktree(args.baseline_rev))
+                cwd = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlx-amp-cwd-")))
+                trees = {"rlx": _tree_at("rlx", REPO, cwd), f"rlx@{args.baseline_rev}": _tree_at(f"rlx@{args.baseline_rev}", root, cwd)}
+            runs = _alternate(model, work, args.policy, args.repeat, trees)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     median = {m: statistics.median(r["wall_s"] for r in rs) for m, rs in runs.items()}
     peak = {m: max(r["rss_mb"] for r in rs) for m, rs in runs.items()}
+    if args.baseline_rev:
+        for label in trees:
+            print(f"{label}: plain {median[f'{label} plain']:.2f} s / --no-verify {median[f'{label} no-verify']:.2f} s"
+                  f" = {median[f'{label} plain'] / median[f'{label} no-verify']:.2f}x", flush=True)
+        median["plain"], median["no-verify"] = median["rlx plain"], median["rlx no-verify"]
+        peak["plain"], peak["no-verify"] = peak["rlx plain"], peak["rlx no-verify"]
     result = {
-        "model": str(model), "policy": args.policy, "repeat": args.repeat,
+        "model": str(model) if not args.nodes else f"bench/scale.py build_chain({args.nodes})",
+        "policy": args.policy, "repeat": args.repeat, "baseline_rev": args.baseline_rev,
+        "baseline_commit": baseline_commit,
         "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
                     "onnxruntime": __import__("onnxruntime").__version__, "platform": platform.platform()},
         "weights_mb": round(weights_mb, 1), "median_wall_s": median, "peak_rss_mb": peak,
