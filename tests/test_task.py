@@ -46,6 +46,26 @@ def test_embed_judges_the_worst_row_not_the_whole_tensor() -> None:
     v = _verdict(Task.EMBED, r, c)
     assert not v.passed and v.outputs[0].min_cosine is not None and v.outputs[0].min_cosine < -0.99
     assert _verdict(Task.EMBED, r, r * 1.001).passed
+    # A row of zeros in the reference is counted apart; a candidate row gone NaN is the worst row.
+    zeros, broken = r.copy(), r.copy()
+    zeros[3] = 0.0
+    z = _verdict(Task.EMBED, zeros, zeros * 1.001)
+    assert z.passed and z.outputs[0].set_apart == 1
+    broken[5, 2] = np.nan
+    b = _verdict(Task.EMBED, r, broken)
+    assert not b.passed and b.outputs[0].min_cosine == -1.0
+
+
+def test_classify_counts_top5_agreement_per_row() -> None:
+    """The reference's class among the candidate's five largest: a row whose top two swapped
+    (no near-tie) fails top-1 and keeps top-5."""
+    r = np.tile(np.arange(8, dtype=np.float64), (4, 1))  # class 7 on every row, margins of 1
+    c = r.copy()
+    c[1, [6, 7]] = c[1, [7, 6]]
+    c[2, 7] = -10.0  # the class falls to the last place
+    v = _verdict(Task.CLASSIFY, r, c)
+    result = v.outputs[0]
+    assert not v.passed and result.top1_agreement == 0.5 and result.top5_agreement == 0.75
 
 
 def test_auto_picks_the_task_from_the_output_names_and_says_so() -> None:

@@ -162,7 +162,7 @@ def judge_generation(name: str, reference: Sequence[Steps], candidate: Sequence[
             same = chosen == token
             first = np.where((first == steps) & ~same, t, first)
             agree.append(same[~tie])
-            top5.append(np.array([token[i] in np.argsort(c[i])[-5:] for i in range(len(c))])[~tie])
+            top5.append(_in_top(token, c)[~tie])
             ties.append(int(tie.sum()))
             cosines.append(_row_cosines(r, c))
         parted.append(first)
@@ -311,6 +311,12 @@ def _row_cosines(r: np.ndarray, c: np.ndarray) -> np.ndarray:
     return cos[(norms > 0) | ~finite]
 
 
+def _in_top(tokens: np.ndarray, rows: np.ndarray, k: int = 5) -> np.ndarray:
+    """Whether each row's token is among the row's `k` largest values (top-5 agreement)."""
+    top = np.argsort(rows, axis=1)[:, -min(k, rows.shape[1]):]
+    return np.asarray((top == np.asarray(tokens)[:, None]).any(axis=1))
+
+
 def _rows(values: np.ndarray) -> np.ndarray:
     a = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
@@ -324,8 +330,7 @@ def _classify(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tole
         return TaskResult(name, Task.CLASSIFY.value, len(r), 0, 0.0, 0.0, None, False)
     ties = _near_ties(r, tol)
     agree = np.argmax(r, axis=1) == np.argmax(c, axis=1)
-    k = min(5, r.shape[1])
-    top5 = np.array([np.argmax(r[i]) in np.argsort(c[i])[-k:] for i in range(len(r))])
+    top5 = _in_top(np.argmax(r, axis=1), c)
     judged = ~ties
     top1 = float(np.mean(agree[judged])) if judged.any() else None
     top5_share = float(np.mean(top5[judged])) if judged.any() else None
@@ -336,12 +341,11 @@ def _classify(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tole
 def _embed(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> TaskResult:
     """The lowest per-row cosine against the tolerance's min_cosine (one cosine over the whole
     tensor would hide a row that turned)."""
-    r, c = _rows(reference), _rows(candidate)
+    r, c = (np.asarray(v, dtype=np.float64) for v in (reference, candidate))
     if r.shape != c.shape:
-        return TaskResult(name, Task.EMBED.value, len(r), 0, None, None, None, False)
-    norms = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
-    live = norms > 0
-    cosines = np.einsum("ij,ij->i", r[live], c[live]) / norms[live]
+        return TaskResult(name, Task.EMBED.value, len(_rows(r)), 0, None, None, None, False)
+    r, c = (v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1) for v in (r, c))
+    cosines = _row_cosines(r, c)  # rows of zeros are left out: counted apart, not judged
     lowest = float(cosines.min()) if cosines.size else None
     passed = lowest is None or lowest >= tol.min_cosine
-    return TaskResult(name, Task.EMBED.value, len(r), int((~live).sum()), None, None, lowest, passed)
+    return TaskResult(name, Task.EMBED.value, len(r), len(r) - len(cosines), None, None, lowest, passed)
