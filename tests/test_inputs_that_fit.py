@@ -82,3 +82,44 @@ def test_an_integer_scalar_nothing_hints_at_is_written_unverified(tmp_path: Path
     assert "--input-range n:LO,HI" in plain.stderr
     strict = rlx(src, "-o", tmp_path / "o2.onnx", "--provider", "cpu", "--verify")
     assert strict.returncode == 2 and not (tmp_path / "o2.onnx").exists()
+
+
+def _merged_step() -> onnx.ModelProto:
+    """A merged decoder's interface, as optimum writes it: ids, mask and positions of symbolic
+    lengths, a past cache, and `use_cache_branch` choosing the If's cached branch."""
+    i64, f = TensorProto.INT64, TensorProto.FLOAT
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Cast", ["input_ids"], [f"logits_{name}"], to=f)], name, [],
+                                 [helper.make_tensor_value_info(f"logits_{name}", f, ["batch", "seq"])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["use_cache_branch"], ["logits"], then_branch=branch("cached"),
+                          else_branch=branch("first"))],
+        "merged",
+        [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
+         helper.make_tensor_value_info("position_ids", i64, ["batch", "seq"]),
+         helper.make_tensor_value_info("past_key_values.0.key", f, ["batch", 2, "past", 4]),
+         helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1])],
+        [helper.make_tensor_value_info("logits", f, ["batch", "seq"])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_merged_decoders_cached_branch_takes_one_new_token_after_its_past() -> None:
+    """The set that takes the cached branch feeds one new token after the past, with the mask
+    over past and token and the token's position after the past, as a generator's next step
+    does; the other set feeds the whole prompt. A given --shape for the ids stays."""
+    from rlx_onnx_amp.verification.inputs import synthesized_sets
+
+    first, cached = synthesized_sets(_merged_step(), InputSpec(samples=2))
+    past = first["past_key_values.0.key"].shape[2]
+    assert not first["use_cache_branch"][0] and cached["use_cache_branch"][0]
+    prompt = first["input_ids"].shape[1]
+    assert prompt > 1 and first["attention_mask"].shape == (1, past + prompt)
+    assert cached["input_ids"].shape == (1, 1) and cached["past_key_values.0.key"].shape[2] == past
+    assert cached["attention_mask"].shape == (1, past + 1) and (cached["attention_mask"] == 1).all()
+    assert cached["position_ids"].tolist() == [[past]]
+    given = synthesized_sets(_merged_step(), InputSpec(shapes={"input_ids": (1, 3)}, samples=2))
+    assert [s["input_ids"].shape for s in given] == [(1, 3), (1, 3)]

@@ -275,14 +275,34 @@ def synthesized_sets(model: onnx.ModelProto, spec: InputSpec) -> list[dict[str, 
     coherent inputs (`_cache_step`)."""
     conditions = [c for c in branch_conditions(model) if c not in spec.ranges]
     count = max(spec.samples, 2 if conditions else 1)
-    spec, values = _cache_step(model, spec)
-    sets = [synthesize(model, spec, k) for k in range(count)]
-    for k, feeds in enumerate(sets):
+    # A merged decoder's cached branch (the condition True) takes one new token after its past,
+    # as a generator feeds it: several new tokens at once are no step its cache can go on from.
+    steps = {False: _cache_step(model, spec), True: _cache_step(model, _one_new_token(model, spec))}
+    sets = []
+    for k in range(count):
+        cached = bool(conditions) and k % 2 == 1
+        step_spec, values = steps[cached]
+        feeds = synthesize(model, step_spec, k)
         for name in conditions:
-            feeds[name] = np.full(feeds[name].shape, k % 2 == 1, dtype=np.bool_)
+            feeds[name] = np.full(feeds[name].shape, cached, dtype=np.bool_)
         for name, value in values.items():
             feeds[name] = np.broadcast_to(value, feeds[name].shape).astype(feeds[name].dtype)
+        sets.append(feeds)
     return sets
+
+
+def _one_new_token(model: onnx.ModelProto, spec: InputSpec) -> InputSpec:
+    """`spec` with `input_ids` one position long, for a decoder step that reads a past cache,
+    where the ids' length is symbolic and the user gave no shape for it."""
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    ids = inputs.get("input_ids")
+    if ids is None or "input_ids" in spec.shapes or not any(PAST_INPUT.match(n) for n in inputs):
+        return spec
+    shape = concrete_input_shape(ids)
+    dims = ids.type.tensor_type.shape.dim
+    if len(shape) != 2 or (dims[1].HasField("dim_value") and dims[1].dim_value > 0):
+        return spec
+    return dataclasses.replace(spec, shapes={**spec.shapes, "input_ids": (shape[0], 1)})
 
 
 #: A key/value cache input of a generator's decoder step (optimum, onnxruntime-genai), and the
