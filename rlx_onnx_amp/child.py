@@ -17,7 +17,16 @@ from typing import Any, Generic, TypeVar
 
 from rlx_onnx_amp.stops import signals_deferred
 
-__all__ = ["START_METHOD", "ChildCrashed", "ChildTimeout", "Pending", "child_event", "run_in_child", "start_in_child"]
+__all__ = [
+    "START_METHOD",
+    "ChildCrashed",
+    "ChildTimeout",
+    "Pending",
+    "child_event",
+    "run_in_child",
+    "start_in_child",
+    "warm_up",
+]
 
 T = TypeVar("T")
 
@@ -50,6 +59,20 @@ def _context() -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         context.set_forkserver_preload(_PRELOAD)
     return context
+
+
+def warm_up() -> None:
+    """Start the fork server now (a new Python importing `_PRELOAD`), so that its start-up
+    overlaps this process's work instead of delaying the first child. Not in a child process
+    (a `--jobs` worker starts its server with its first child, as it forks from a parent that
+    may hold one of its own)."""
+    if multiprocessing.parent_process() is not None:
+        return
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        with signals_deferred():
+            forkserver.ensure_running()
 
 
 def child_event() -> Event:

@@ -648,3 +648,18 @@ def test_an_internal_error_in_one_model_of_a_batch_keeps_its_traceback_and_exit_
         "with the model"
     ], result.stderr
     assert sorted(p.name for p in lay.out.iterdir()) == ["model.onnx"] and not scratch_left(lay.tmp)
+
+
+def test_the_command_leaves_nothing_in_tmpdir_refused_or_done(lay: Layout) -> None:
+    """The rlx-amp process starts its verification's fork server at once (`cli.WARM_UP_CHILDREN`),
+    before the input is checked: its socket directory in TMPDIR goes with the process, whether
+    the run is refused (exit 2) or verified and written."""
+    model = lay.inp / "model.onnx"
+    refused_run = _spawn(lay, model, "-o", model)
+    _, stderr = refused_run.communicate(timeout=600)  # a hang guard, not a measure
+    assert refused_run.returncode == 2 and "would overwrite the input model" in stderr, stderr
+    assert not scratch_left(lay.tmp), scratch_left(lay.tmp)
+    done = _spawn(lay, model, "-o", lay.out / "o.onnx")
+    _, stderr = done.communicate(timeout=600)
+    assert done.returncode == 0, stderr
+    assert not scratch_left(lay.tmp), scratch_left(lay.tmp)
