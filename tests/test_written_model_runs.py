@@ -87,16 +87,24 @@ def test_on_a_stand_in_provider_it_says_so_and_the_verdict_is_emulated(crashing:
     assert "SIGSEGV" in verify["emulation_reason"] and "SIGSEGV" in verify["latency"]["note"] and verify["latency"]["candidate_ms"] is None
 
 
-def test_a_stop_while_judging_does_not_wait_for_the_written_files_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture()
+def written(tmp_path: Path) -> tuple[Path, Path]:
+    """A transformer block and its always-f16 copy, written unverified."""
+    src, cand = tmp_path / "f32.onnx", tmp_path / "f16.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    assert rlx(src, "-p", "always-f16", "-o", cand, "--no-verify", "-q").returncode == 0
+    return src, cand
+
+
+def test_a_stop_while_judging_does_not_wait_for_the_written_files_run(written: tuple[Path, Path],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The written file's run overlaps the emulated judgement; a stop (^C) during the judgement
     ends the verification at once (the child killed), without waiting for the child's answer,
     which its timed runs hold back until the judgement is done."""
     from rlx_onnx_amp.verification import core
     from rlx_onnx_amp.verification.options import VerifyOptions
 
-    src, cand = tmp_path / "f32.onnx", tmp_path / "f16.onnx"
-    onnx.save(HEALTHY["transformer_block"]().model, str(src))
-    assert rlx(src, "-p", "always-f16", "-o", cand, "--no-verify", "-q").returncode == 0
+    src, cand = written
     answers: list[str] = []
 
     def interrupted(*args: object, **kwargs: object) -> None:
@@ -115,16 +123,15 @@ def test_a_stop_while_judging_does_not_wait_for_the_written_files_run(tmp_path: 
     assert answers == []
 
 
-def test_the_overlapped_and_the_one_at_a_time_runs_report_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_overlapped_and_the_one_at_a_time_runs_report_alike(written: tuple[Path, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Above `OVERLAP_MAX_BYTES` of weights the written file's run comes first and the judgement
     after it, one session at a time; below, they overlap. Both give the same verdict, drifts and
     proof of loading, and both time the written file."""
     from rlx_onnx_amp.verification import core
     from rlx_onnx_amp.verification.options import VerifyOptions
 
-    src, cand = tmp_path / "f32.onnx", tmp_path / "f16.onnx"
-    onnx.save(HEALTHY["transformer_block"]().model, str(src))
-    assert rlx(src, "-p", "always-f16", "-o", cand, "--no-verify", "-q").returncode == 0
+    src, cand = written
     reports = []
     for limit in (core.OVERLAP_MAX_BYTES, 0):
         monkeypatch.setattr(core, "OVERLAP_MAX_BYTES", limit)

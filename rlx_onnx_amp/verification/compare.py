@@ -68,7 +68,7 @@ class Session:
         # created (5.7 s of a 3.4 GB model's 5.7 s start-up); a verification runs each model on a
         # few input sets only, where unpacked weights, read from the mapped file, cost far less.
         opts.add_session_config_entry("session.disable_prepacking", "1")
-        providers = _with_cpu(provider)
+        providers = ort_providers(provider)
         buffers = [_map_file(path) for path in (external or {}).values()]
         if buffers:
             opts.add_external_initializers_from_files_in_memory(
@@ -97,7 +97,7 @@ class Session:
         return dict(zip(names, values))
 
 
-def _with_cpu(provider: str) -> list[str]:
+def ort_providers(provider: str) -> list[str]:
     """onnxruntime's providers for a session on `provider`: it, with the CPU provider behind it."""
     return [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
 
@@ -105,7 +105,7 @@ def _with_cpu(provider: str) -> list[str]:
 def _cannot_fall_back(provider: str) -> bool:
     """Whether a session on `provider` runs on it or not at all (no provider behind it to fall
     back to, which `Session` refuses and a child's `measure_latency` does not check)."""
-    return len(_with_cpu(provider)) == 1
+    return len(ort_providers(provider)) == 1
 
 
 def typed_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -114,11 +114,6 @@ def typed_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict
     wanted = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
     by_elem = {info.elem_type: info.type_str for info in PRECISIONS.values()}
     return {k: _as_input_type(v, by_elem.get(wanted.get(k, 0), "")) for k, v in feeds.items()}
-
-
-def ort_providers(provider: str) -> list[str]:
-    """onnxruntime's providers for a session on `provider`: it, with the CPU provider behind it."""
-    return _with_cpu(provider)
 
 
 def _map_file(path: Path) -> np.ndarray:

@@ -271,9 +271,8 @@ class Verifier:
         ref_ms = None
         if runs:
             try:
-                timed = TimedRun(str(ref.path), ref.provider, tuple(ort_providers(ref.provider)), runs,
-                                 str(ref.path), session_thread_count())
-                ref_ms = measure_latency(timed, typed_feeds(ref.model, ref.samples[0]))
+                ref_ms = measure_latency(_timed_run(ref, ref.path, runs, str(ref.path)),
+                                         typed_feeds(ref.model, ref.samples[0]))
             except ModelRunError as e:
                 notes.append(str(e))
         return Latency(ref.provider, runs, ref_ms, cand_ms, "; ".join(notes) or None)
@@ -309,10 +308,7 @@ def _run_and_judge(
     grows fastest with a graph's size (docs/benchmarks.md); the child's timed runs wait until
     the judgement is done, so that they do not share the CPUs with it."""
     ref, options = verifier.reference, verifier.options
-    # The child's threads are this process's: a --jobs worker's share of the CPUs.
-    timed = TimedRun(str(path), ref.provider, tuple(ort_providers(ref.provider)), options.latency_runs, label,
-                     session_thread_count())
-    args = (time_written_model, timed, typed_feeds(model, ref.samples[0]))
+    args = (time_written_model, _timed_run(ref, path, options.latency_runs, label), typed_feeds(model, ref.samples[0]))
     overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
         tensor_nbytes(t) for t in model.graph.initializer
     ) <= OVERLAP_MAX_BYTES
@@ -334,6 +330,12 @@ def _run_and_judge(
     if error is not None:  # it cannot run on the provider that stands in for the target
         judgement.compared.could_not_load(ref.provider, error)
     return ms, error, judgement
+
+
+def _timed_run(ref: Reference, path: Path, runs: int, label: str) -> TimedRun:
+    """The model file at `path` timed on the reference's provider, with this process's intra-op
+    threads (a --jobs worker's share of the CPUs, in a child process too)."""
+    return TimedRun(str(path), ref.provider, tuple(ort_providers(ref.provider)), runs, label, session_thread_count())
 
 
 def _written_answer(

@@ -277,7 +277,9 @@ def synthesized_sets(model: onnx.ModelProto, spec: InputSpec) -> list[dict[str, 
     count = max(spec.samples, 2 if conditions else 1)
     # A merged decoder's cached branch (the condition True) takes one new token after its past,
     # as a generator feeds it: several new tokens at once are no step its cache can go on from.
-    steps = {False: _cache_step(model, spec), True: _cache_step(model, _one_new_token(model, spec))}
+    steps = {False: _cache_step(model, spec)}
+    if conditions:
+        steps[True] = _cache_step(model, _one_new_token(model, spec))
     sets = []
     for k in range(count):
         cached = bool(conditions) and k % 2 == 1

@@ -317,9 +317,15 @@ def _in_top(tokens: np.ndarray, rows: np.ndarray, k: int = 5) -> np.ndarray:
     return np.asarray((top == np.asarray(tokens)[:, None]).any(axis=1))
 
 
-def _rows(values: np.ndarray) -> np.ndarray:
-    a = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
+def _as_rows(values: np.ndarray) -> np.ndarray:
+    """`values` as float64 rows along their last axis (a scalar: one row of one)."""
+    a = np.asarray(values, dtype=np.float64)
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+
+
+def _rows(values: np.ndarray) -> np.ndarray:
+    """`_as_rows` with NaN read as -inf: no class for argmax or the top-5."""
+    return np.nan_to_num(_as_rows(values), nan=-np.inf)
 
 
 def _classify(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> TaskResult:
@@ -341,10 +347,9 @@ def _classify(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tole
 def _embed(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> TaskResult:
     """The lowest per-row cosine against the tolerance's min_cosine (one cosine over the whole
     tensor would hide a row that turned)."""
-    r, c = (np.asarray(v, dtype=np.float64) for v in (reference, candidate))
+    r, c = _as_rows(reference), _as_rows(candidate)
     if r.shape != c.shape:
-        return TaskResult(name, Task.EMBED.value, len(_rows(r)), 0, None, None, None, False)
-    r, c = (v.reshape(-1, v.shape[-1]) if v.ndim else v.reshape(1, 1) for v in (r, c))
+        return TaskResult(name, Task.EMBED.value, len(r), 0, None, None, None, False)
     cosines = _row_cosines(r, c)  # rows of zeros are left out: counted apart, not judged
     lowest = float(cosines.min()) if cosines.size else None
     passed = lowest is None or lowest >= tol.min_cosine
