@@ -115,11 +115,9 @@ def html_report(results: Sequence[ModelResult], title: str = "rlx-amp report") -
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         # Nothing may leave the file: no script, no fetch, images only from data: URLs.
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        "img-src data:\">"
+        'img-src data:">'
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
 
 
@@ -389,8 +387,11 @@ class _Figures:
             ax.grid(True, alpha=0.25, linewidth=0.5)
             ax.legend(loc="upper left")
             n = len(sample.reference)
-            return self._svg(fig, f"{o.name}: candidate against reference, {n} elements evenly spaced and the "
-                                  f"{len(worst.reference)} worst (x)")
+            return self._svg(
+                fig,
+                f"{o.name}: candidate against reference, {n} elements evenly spaced and the "
+                f"{len(worst.reference)} worst (x)",
+            )
 
     def localize(self, trace: Sequence[TracePoint], flagged: Sequence[Localized]) -> str:
         from matplotlib.ticker import MaxNLocator
@@ -402,8 +403,12 @@ class _Figures:
         with self._figure(11, 3.2) as fig:
             ax = fig.subplots()
             ax.plot(
-                [x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
-                color=ACCENT, linewidth=0.9, marker=".", markersize=3,
+                [x for x, y in zip(xs, ys) if y is not None],
+                [y for y in ys if y is not None],
+                color=ACCENT,
+                linewidth=0.9,
+                marker=".",
+                markersize=3,
             )
             bad = [i for i, t in enumerate(trace) if t.new_nonfinite]
             if bad:
@@ -413,8 +418,14 @@ class _Figures:
                 if i is None:
                     continue
                 ax.axvline(i, color=SECOND, linewidth=1, linestyle="--")
-                ax.annotate(f"{f.node} ({f.reason})", (i, ys[i] or floor), textcoords="offset points",
-                            xytext=(4, 6), fontsize=8, color=SECOND)
+                ax.annotate(
+                    f"{f.node} ({f.reason})",
+                    (i, ys[i] or floor),
+                    textcoords="offset points",
+                    xytext=(4, 6),
+                    fontsize=8,
+                    color=SECOND,
+                )
             ax.set_yscale("log")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("tensor, in graph order")
@@ -458,8 +469,15 @@ class _Figures:
                     ax.scatter(*zip(*pts), color=colour, s=22, label=label, zorder=3)
             written = [(x, y) for x, y, h in zip(xs, scores, history) if h.written]
             if written:
-                ax.scatter(*zip(*written), s=160, facecolors="none", edgecolors=ACCENT, linewidths=1.5,
-                           label="written", zorder=4)
+                ax.scatter(
+                    *zip(*written),
+                    s=160,
+                    facecolors="none",
+                    edgecolors=ACCENT,
+                    linewidths=1.5,
+                    label="written",
+                    zorder=4,
+                )
             ax.axhline(1.0, color=_INK, linestyle=":", linewidth=0.8)
             ax.set_yscale("log")
             ax.set_xlabel("evaluation")
@@ -471,5 +489,9 @@ class _Figures:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0))
             ax.grid(True, alpha=0.25, linewidth=0.5)
-            return self._svg(fig, "repair: the score of each evaluation (log scale, at most 1 passes) and the nodes "
-                                  "it kept in f32 (steps)", wide=True)
+            return self._svg(
+                fig,
+                "repair: the score of each evaluation (log scale, at most 1 passes) and the nodes "
+                "it kept in f32 (steps)",
+                wide=True,
+            )

@@ -148,8 +148,10 @@ def merged_markdown(merged: MergedReport) -> str:
         "| " + " | ".join(SUMMARY_COLUMNS) + " |",
         "|---" * len(SUMMARY_COLUMNS) + "|",
         *map(_row, models),
-        *(f"| `{f.model}` | **ERROR** (exit {f.exit_code}) | {' | '.join(['-'] * 5)} | {f.error} | - | - | - |"
-          for f in failed),
+        *(
+            f"| `{f.model}` | **ERROR** (exit {f.exit_code}) | {' | '.join(['-'] * 5)} | {f.error} | - | - | - |"
+            for f in failed
+        ),
     ]
     why = [
         f"- `{r.output or r.model}` `{o.name}`: {'; '.join(o.failures or [])}"

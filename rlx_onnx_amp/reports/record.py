@@ -8,25 +8,20 @@ unverified, or its `Failure`. Each stage builds its record once (the rewrite its
 the verifier its `Verification`, repair its `Repair`), and nothing else writes them. Each
 record's JSON is its fields in order, nested records and tuples as objects and lists
 (`to_json`), and `from_json` reads that JSON back into equal records; a field marked
-`_ABSENT_WHEN_NONE` is left out of the JSON when None, as the reports leave it, and one marked
-`_NOT_IN_JSON` (what the run needs, not the report) is not written. `json_schema` is the JSON
+`ABSENT_WHEN_NONE` is left out of the JSON when None, as the reports leave it, and one marked
+`NOT_IN_JSON` (what the run needs, not the report) is not written. `json_schema` is the JSON
 Schema of the report files, from the same field types.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import datetime
 import importlib.metadata
 import json
-import numbers
 import time
-import types
-import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from rlx_onnx_amp import __version__
 from rlx_onnx_amp.cost import Cost
@@ -67,113 +62,26 @@ __all__ = [
 ]
 
 
-class RecordError(ValueError):
-    """JSON that is not what a report of rlx-amp holds (a key missing, a value of another type)."""
-
-
-#: A field's metadata: the JSON leaves the key out when the value is None.
-_ABSENT_WHEN_NONE = {"absent_when_none": True}
-#: A field's metadata: the field is not in the JSON at all (what the run needs, not the report);
-#: read back, it takes its default.
-_NOT_IN_JSON = {"in_json": False}
-
-
-def _json_fields(cls: Any) -> Iterator[dataclasses.Field[Any]]:
-    return (f for f in dataclasses.fields(cls) if f.metadata.get("in_json", True))
-
-
-class _Record:
-    """A frozen dataclass whose JSON object is its fields, in order."""
-
-    def to_json(self) -> dict[str, Any]:
-        data = {}
-        for f in _json_fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.metadata.get("absent_when_none"):
-                continue
-            data[f.name] = _encode(value)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any) -> Self:
-        if not isinstance(data, Mapping):
-            raise RecordError(f"{cls.__name__}: an object was expected, not {type(data).__name__}")
-        hints = _hints(cls)
-        values = {}
-        for f in _json_fields(cls):
-            if f.name in data:
-                values[f.name] = _decode(hints[f.name], data[f.name], f.name)
-            elif not f.metadata.get("absent_when_none"):
-                raise RecordError(f"{cls.__name__}: no {f.name!r}")
-        return cls(**values)
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    """The fields' types of a record class, resolved once."""
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _encode(value: Any) -> Any:
-    if hasattr(value, "to_json"):
-        return value.to_json()
-    if isinstance(value, tuple):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        return copy.deepcopy(value)
-    return value
-
-
-#: The JSON types a declared scalar accepts (numbers.Integral/Real: numpy's scalars count too).
-_SCALARS: dict[Any, tuple[type, ...]] = {str: (str,), bool: (bool,), int: (numbers.Integral,), float: (numbers.Real,)}
-
-
-def _decode(kind: Any, value: Any, key: str) -> Any:
-    """`value` read as a `kind` (a record, a tuple, a dict, a scalar or an optional one)."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is types.UnionType or origin is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _decode(inner, value, key)
-    if kind is Any:
-        return copy.deepcopy(value)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise RecordError(f"{key}: a list was expected, not {type(value).__name__}")
-        return tuple(_decode(args[0], v, key) for v in value)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise RecordError(f"{key}: an object was expected, not {type(value).__name__}")
-        return copy.deepcopy(dict(value))
-    if hasattr(kind, "from_json"):
-        try:
-            return kind.from_json(value)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            if isinstance(e, RecordError):
-                raise
-            raise RecordError(f"{key}: {type(e).__name__}: {e}") from None
-    accepted = _SCALARS[kind]
-    if not isinstance(value, accepted) or (kind is not bool and isinstance(value, bool)):
-        raise RecordError(f"{key}: {kind.__name__} expected, not {value!r:.60}")
-    return value
-
+from rlx_onnx_amp.reports.codec import (
+    ABSENT_WHEN_NONE,
+    NOT_IN_JSON,
+    Record,
+    RecordError,
+    record_schema,
+    type_schema,
+)
 
 # -- the conversion ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Nodes(_Record):
+class Nodes(Record):
     total: int
     by_precision: dict[str, int]
 
 
 @dataclass(frozen=True)
-class ByteCounts(_Record):
+class ByteCounts(Record):
     """Bytes before the conversion and after it."""
 
     before: int
@@ -181,7 +89,7 @@ class ByteCounts(_Record):
 
 
 @dataclass(frozen=True)
-class KeptNode(_Record):
+class KeptNode(Record):
     """A node left in its original (f32) types although the policy wanted it lower."""
 
     node: str
@@ -205,7 +113,7 @@ class NodeIndex:
 
 
 @dataclass(frozen=True)
-class Conversion(_Record):
+class Conversion(Record):
     """What the rewrite did to one model (`rewrite.summary.summarize`), with what the file layer
     adds: where it was written, its data files, and what proved it sound."""
 
@@ -225,19 +133,19 @@ class Conversion(_Record):
     initializer_bytes: ByteCounts
     unknown_ops: tuple[str, ...]
     data_files: tuple[str, ...]
-    cost: Cost | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    cost: Cost | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     #: The model file and its external data files, as read and as written (a file's conversion).
-    file_bytes: ByteCounts | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    file_bytes: ByteCounts | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     #: What proved the output sound (`api.prove`); the JSON has it after `verify` and `unverified`.
-    proof: str | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    index: NodeIndex = field(default_factory=NodeIndex, compare=False, repr=False, metadata=_NOT_IN_JSON)
+    proof: str | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    index: NodeIndex = field(default_factory=NodeIndex, compare=False, repr=False, metadata=NOT_IN_JSON)
 
 
 # -- the verification -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Worst(_Record):
+class Worst(Record):
     """The element with the largest |candidate - reference|."""
 
     index: tuple[int, ...]
@@ -246,7 +154,7 @@ class Worst(_Record):
 
 
 @dataclass(frozen=True)
-class Required(_Record):
+class Required(Record):
     """The smallest tolerance that would have passed the output, each alone."""
 
     atol: float
@@ -256,7 +164,7 @@ class Required(_Record):
 
 
 @dataclass(frozen=True)
-class Histogram(_Record):
+class Histogram(Record):
     """|c - r| over log-spaced bins, and how many elements are exactly equal."""
 
     edges: tuple[float, ...]
@@ -265,7 +173,7 @@ class Histogram(_Record):
 
 
 @dataclass(frozen=True)
-class Sample(_Record):
+class Sample(Record):
     """Elements by flat index, with their reference and candidate values."""
 
     index: tuple[int, ...]
@@ -274,7 +182,7 @@ class Sample(_Record):
 
 
 @dataclass(frozen=True)
-class Distribution(_Record):
+class Distribution(Record):
     """What the HTML report plots of one output."""
 
     abs_error_histogram: Histogram
@@ -283,7 +191,7 @@ class Distribution(_Record):
 
 
 @dataclass(frozen=True)
-class OutputResult(_Record):
+class OutputResult(Record):
     """One output's drift and verdict (`metrics.compare_arrays`; a metric that is not finite
     is None, as in the JSON), with the tolerance it was judged by."""
 
@@ -321,7 +229,7 @@ class OutputResult(_Record):
 
 
 @dataclass(frozen=True)
-class Localized(_Record):
+class Localized(Record):
     """A node where drift starts (`--localize`): its output `tensor` drifts `rel_error` where
     its inputs drift `input_rel_error`; `reason` is "drift jumps", "input rounded", "NaN/Inf
     appears" or "shape differs" (with both shapes)."""
@@ -335,12 +243,12 @@ class Localized(_Record):
     max_abs: float
     new_nonfinite: int
     reason: str
-    reference_shape: tuple[int, ...] | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    candidate_shape: tuple[int, ...] | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    reference_shape: tuple[int, ...] | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    candidate_shape: tuple[int, ...] | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
 
 @dataclass(frozen=True)
-class TracePoint(_Record):
+class TracePoint(Record):
     """One compared tensor of `--localize`, in graph order (what the HTML report plots)."""
 
     tensor: str
@@ -349,11 +257,11 @@ class TracePoint(_Record):
     rel_error: float | None
     new_nonfinite: int
     #: The reference's shape and the candidate's, where they differ.
-    shapes: tuple[tuple[int, ...], ...] | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    shapes: tuple[tuple[int, ...], ...] | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
 
 @dataclass(frozen=True)
-class TaskResult(_Record):
+class TaskResult(Record):
     """One output judged by its task (`verification.task`; docs/verification.md says what each
     field means per task): top-1/top-5 agreement over the rows (`generate`: prompt-steps) that
     are no near-tie (`set_apart`), the lowest row cosine; `generate`'s `steps`, free-running
@@ -368,16 +276,16 @@ class TaskResult(_Record):
     top5_agreement: float | None
     min_cosine: float | None
     passed: bool
-    steps: int | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    token_agreement: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    first_divergence: int | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    recall: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    precision: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    mean_iou: float | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    steps: int | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    token_agreement: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    first_divergence: int | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    recall: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    precision: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    mean_iou: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
 
 @dataclass(frozen=True)
-class TaskVerdict(_Record):
+class TaskVerdict(Record):
     """The verdict on the task: it decides `Verification.passed` (the element-wise figures are
     diagnostics then); `chosen_by` says how the task was picked."""
 
@@ -388,7 +296,7 @@ class TaskVerdict(_Record):
 
 
 @dataclass(frozen=True)
-class Latency(_Record):
+class Latency(Record):
     """The reference's and the candidate file's median time per inference over `runs` warm
     runs on the first input set, on `provider` (the one the verification ran on, which may
     stand in for the target's), with onnxruntime's default session options. None where a model
@@ -409,7 +317,7 @@ class Latency(_Record):
 
 
 @dataclass(frozen=True)
-class Verification(_Record):
+class Verification(Record):
     """The drift report of one candidate against its reference (`verification.Verifier.verify`);
     the tolerances are per output name, "" the default."""
 
@@ -433,8 +341,8 @@ class Verification(_Record):
     outputs: tuple[OutputResult, ...]
     localized: tuple[Localized, ...] | None
     localize_trace: tuple[TracePoint, ...] | None
-    latency: Latency | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
-    task: TaskVerdict | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    latency: Latency | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    task: TaskVerdict | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
     @property
     def constant_outputs(self) -> dict[str, float]:
@@ -446,7 +354,7 @@ class Verification(_Record):
 
 
 @dataclass(frozen=True)
-class RepairKeep(_Record):
+class RepairKeep(Record):
     """A node the repaired model keeps in f32, and why (overflow, underflow, drift)."""
 
     path: str
@@ -456,7 +364,7 @@ class RepairKeep(_Record):
 
 
 @dataclass(frozen=True)
-class RepairBest(_Record):
+class RepairBest(Record):
     """The evaluation written."""
 
     evaluation: int
@@ -466,7 +374,7 @@ class RepairBest(_Record):
 
 
 @dataclass(frozen=True)
-class RepairStep(_Record):
+class RepairStep(Record):
     """One candidate the repair evaluated: how many nodes it kept, and how it did."""
 
     evaluation: int
@@ -478,7 +386,7 @@ class RepairStep(_Record):
 
 
 @dataclass(frozen=True)
-class HeldOut(_Record):
+class HeldOut(Record):
     """`--policy auto` with several input sets: the search chose on the first `chosen_on` of
     them and the written model was confirmed on the other `confirmed_on` (the model's `verify`);
     `choosing_passed` is its verdict on the sets that chose."""
@@ -489,7 +397,7 @@ class HeldOut(_Record):
 
 
 @dataclass(frozen=True)
-class Repair(_Record):
+class Repair(Record):
     """What `--repair` did (`repair.repair_file`)."""
 
     passed: bool
@@ -500,14 +408,14 @@ class Repair(_Record):
     best: RepairBest | None
     minimality: str
     history: tuple[RepairStep, ...]
-    held_out: HeldOut | None = field(default=None, metadata=_ABSENT_WHEN_NONE)
+    held_out: HeldOut | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
 
 # -- one model --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Failure(_Record):
+class Failure(Record):
     """A model of a batch that could not be converted: the one-line error and its exit code."""
 
     model: str
@@ -516,7 +424,7 @@ class Failure(_Record):
 
 
 @dataclass(frozen=True)
-class Gate(_Record):
+class Gate(Record):
     """`--min-low-share`: the share of the written model's multiply-accumulates in low precision
     (quantized compute counts as low; None when the model's MACs are unknown) against the
     minimum asked."""
@@ -617,7 +525,7 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class Run(_Record):
+class Run(Record):
     """Where and how a report file was made: the versions that made it, the provider the
     verification ran on and the target the models were converted for (None where there was
     none), when it started (UTC, ISO 8601), how long it took, and the command line as given."""
@@ -644,8 +552,17 @@ def run_record(started: float, provider: str | None, target: str | None, command
 
     when = datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds")
     ort = version("onnxruntime") or version("onnxruntime-gpu")
-    return Run(__version__, version("onnx"), ort, version("numpy"), provider, target, when,
-               round(time.time() - started, 3), tuple(command))
+    return Run(
+        __version__,
+        version("onnx"),
+        ort,
+        version("numpy"),
+        provider,
+        target,
+        when,
+        round(time.time() - started, 3),
+        tuple(command),
+    )
 
 
 def report_document(data: Mapping[str, Any], run: Run | None = None) -> dict[str, Any]:
@@ -665,60 +582,15 @@ def report_text(data: Mapping[str, Any]) -> str:
 def batch_json(results: Sequence[ModelResult], exit_code: int, run: Run | None = None) -> dict[str, Any]:
     """A batch report: its models' entries and its failures, each in input order, and how the
     batch ended."""
-    return report_document({
-        "models": [r.to_json() for r in results if r.failure is None],
-        "failed": [r.failure.to_json() for r in results if r.failure is not None],
-        "passed": exit_code == EXIT_OK,
-        "exit_code": exit_code,
-    }, run)
-
-
-# -- the schema -------------------------------------------------------------------------------
-
-#: The JSON types of the scalars a record declares.
-_SCALAR_SCHEMAS: dict[Any, dict[str, Any]] = {
-    str: {"type": "string"},
-    bool: {"type": "boolean"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-}
-
-
-def _type_schema(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of a field of type `kind`, records added to `defs` by name."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is types.UnionType or origin is typing.Union:
-        (inner,) = [a for a in args if a is not type(None)]
-        return {"anyOf": [_type_schema(inner, defs), {"type": "null"}]}
-    if kind is Any:
-        return {}
-    if origin is tuple or origin is list:
-        return {"type": "array", "items": _type_schema(args[0], defs)}
-    if origin is dict:
-        return {"type": "object", "additionalProperties": _type_schema(args[1], defs)}
-    if isinstance(kind, type) and issubclass(kind, _Record):
-        if kind.__name__ not in defs:
-            defs[kind.__name__] = {}  # a placeholder while its fields are read
-            defs[kind.__name__] = _record_schema(kind, defs)
-        return {"$ref": f"#/$defs/{kind.__name__}"}
-    if hasattr(kind, "json_schema"):
-        return dict(kind.json_schema())
-    return dict(_SCALAR_SCHEMAS[kind])
-
-
-def _record_schema(cls: type, defs: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    hints = _hints(cls)
-    properties, required = {}, []
-    for f in _json_fields(cls):
-        properties[f.name] = _type_schema(hints[f.name], defs)
-        if not f.metadata.get("absent_when_none"):
-            required.append(f.name)
-    properties.update(extra or {})
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
-    schema["additionalProperties"] = False
-    if cls.__doc__:
-        schema["description"] = " ".join(cls.__doc__.split())
-    return schema
+    return report_document(
+        {
+            "models": [r.to_json() for r in results if r.failure is None],
+            "failed": [r.failure.to_json() for r in results if r.failure is not None],
+            "passed": exit_code == EXIT_OK,
+            "exit_code": exit_code,
+        },
+        run,
+    )
 
 
 def json_schema() -> dict[str, Any]:
@@ -727,9 +599,9 @@ def json_schema() -> dict[str, Any]:
     the records' field types, so a field added to a record is in the schema too; the checked-in
     copy is docs/report.schema.json (`python -m rlx_onnx_amp.reports.record`)."""
     defs: dict[str, Any] = {}
-    verification = _type_schema(Verification, defs)
-    repair = _type_schema(Repair, defs)
-    defs["Model"] = _record_schema(
+    verification = type_schema(Verification, defs)
+    repair = type_schema(Repair, defs)
+    defs["Model"] = record_schema(
         Conversion,
         defs,
         {
@@ -737,7 +609,7 @@ def json_schema() -> dict[str, Any]:
             "unverified": {"type": "string"},
             "proof": {"type": "string"},
             "repair": repair,
-            "gate": _type_schema(Gate, defs),
+            "gate": type_schema(Gate, defs),
         },
     )
     defs["Model"]["description"] = "One model: its conversion's keys, then its drift report, proof and repair."
@@ -748,7 +620,7 @@ def json_schema() -> dict[str, Any]:
         "additionalProperties": False,
     }
     version = {"const": SCHEMA_VERSION}
-    run = _type_schema(Run, defs)
+    run = type_schema(Run, defs)
     model_file = {**defs["Model"], "properties": {"schema_version": version, "run": run, **defs["Model"]["properties"]}}
     model_file["description"] = "A model's report file (`--report-json` of one conversion)."
     defs["ModelReport"] = model_file
@@ -759,7 +631,7 @@ def json_schema() -> dict[str, Any]:
             "schema_version": version,
             "run": run,
             "models": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Model"}, verify_entry]}},
-            "failed": {"type": "array", "items": _type_schema(Failure, defs)},
+            "failed": {"type": "array", "items": type_schema(Failure, defs)},
             "passed": {"type": "boolean"},
             "exit_code": {"type": "integer"},
             "shards": {"type": "array", "items": {"type": "string"}, "description": "merge-reports: the files merged"},

@@ -415,13 +415,15 @@ def batch_table(results: Sequence[ModelResult], seconds: Sequence[float | None] 
     for k, r in enumerate(results):
         cost = r.conversion.cost if r.conversion is not None else None
         took = seconds[k] if k < len(seconds) else None
-        rows.append([
-            r.model,
-            r.exit_code,
-            percent(cost.mac_low_share) if cost is not None else "-",
-            fmt(worst_score(r.verify)) if r.verify is not None else "-",
-            "-" if took is None else f"{took:.1f}",
-        ])
+        rows.append(
+            [
+                r.model,
+                r.exit_code,
+                percent(cost.mac_low_share) if cost is not None else "-",
+                fmt(worst_score(r.verify)) if r.verify is not None else "-",
+                "-" if took is None else f"{took:.1f}",
+            ]
+        )
     return table(["model", "exit", "MACs low", "worst score", "seconds"], rows) + f"\n{BATCH_LEGEND}"
 
 
@@ -440,7 +442,16 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[
 #: conversion buys: its MACs in low precision, its files' size against the input's, and its
 #: speed-up on the provider the check ran on.
 SUMMARY_COLUMNS = (
-    "model", "result", "policy", "provider", "emulated", "outputs", "failed", "worst score", "MACs low", "size",
+    "model",
+    "result",
+    "policy",
+    "provider",
+    "emulated",
+    "outputs",
+    "failed",
+    "worst score",
+    "MACs low",
+    "size",
     "speed-up",
 )
 
