@@ -60,7 +60,6 @@ def _main(argv: list[str] | None) -> None:
 
             command = cli.main
             cli.COMMAND_LINE = ["rlx-amp", *args]  # for the reports' run.command
-            cli.WARM_UP_CHILDREN = True
 
         stdout = sys.stdout
         try:

@@ -61,12 +61,13 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def warm_up() -> None:
+def warm_up(in_child: bool = False) -> None:
     """Start the fork server now (a new Python importing `_PRELOAD`), so that its start-up
     overlaps this process's work instead of delaying the first child. Not in a child process
     (a `--jobs` worker starts its server with its first child, as it forks from a parent that
-    may hold one of its own)."""
-    if multiprocessing.parent_process() is not None:
+    may hold one of its own), unless it is one that forgot its parent's (`in_child`: a
+    supervised model's run, `supervise`)."""
+    if multiprocessing.parent_process() is not None and not in_child:
         return
     if _context().get_start_method() == "forkserver":
         from multiprocessing import forkserver

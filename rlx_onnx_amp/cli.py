@@ -23,7 +23,6 @@ from typing import Any
 
 import click
 
-from rlx_onnx_amp.child import warm_up
 from rlx_onnx_amp.errors import AmpError
 from rlx_onnx_amp.exits import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, error_message, fail
 from rlx_onnx_amp.files import live_dirs, remove_leftover_dirs
@@ -347,8 +346,6 @@ def convert_cmd(**params: Any) -> None:
     ctx, models = click.get_current_context(), params["models"]
 
     def work() -> int:
-        if WARM_UP_CHILDREN and params["do_verify"] is not False and params["jobs"] == 1:
-            warm_up()  # the verification's child starts from a fork server: it starts during the imports
         return _commands().convert(ctx, _command(), **params)
 
     _run_guarded(work, models, len(models) > 1, params["verbose"])
@@ -356,11 +353,6 @@ def convert_cmd(**params: Any) -> None:
 
 #: The command line as given, for a report's `run` (set by `__main__`; else the process's).
 COMMAND_LINE: list[str] | None = None
-#: Set by `__main__`, in the rlx-amp process itself: the convert command starts the fork server
-#: of the verification's child at once (`child.warm_up`), while the commands' modules import.
-#: Not for a caller that runs the commands in its own process: there the server and its socket
-#: directory in TMPDIR would outlive the call.
-WARM_UP_CHILDREN = False
 
 
 def _command() -> list[str]:

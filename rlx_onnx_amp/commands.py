@@ -17,26 +17,18 @@ import click
 from click.core import ParameterSource
 
 from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, write_demo
-from rlx_onnx_amp.batch import (
-    ConvertJob,
-    JobSettings,
-    RunResults,
-    StagedProgress,
-    StageLines,
-    convert_directory,
-    run_in_workers,
-    status,
-    unexpected_failure,
-)
+from rlx_onnx_amp.batch import RunResults, convert_directory, run_in_workers
 from rlx_onnx_amp.directory import with_genai_folder_hint
 from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
+from rlx_onnx_amp.pipeline import ConvertJob, JobSettings, unexpected_failure
 from rlx_onnx_amp.policy import AUTO, POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.precision import Precision
+from rlx_onnx_amp.progress import StagedProgress, StageLines, TerminalReporters, status
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
-from rlx_onnx_amp.reports.record import ModelResult, report_document, report_text, run_record
+from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document, report_text, run_record
 from rlx_onnx_amp.reports.text import (
     compare_policies_table,
     failed_verdict,
@@ -45,6 +37,7 @@ from rlx_onnx_amp.reports.text import (
     verify_markdown,
     verify_table,
 )
+from rlx_onnx_amp.supervise import run_contained
 from rlx_onnx_amp.tensors import WeightSource
 from rlx_onnx_amp.verification.inputs import GuessedAxesError, InputSpec, parse_range, parse_shape
 from rlx_onnx_amp.verification.options import VerifyOptions, resolve_provider, verify_options_from
@@ -118,19 +111,27 @@ def convert(
     """The convert command: MODEL... (or an export directory) converted, verified, reported."""
     started = time.time()  # the report's run.started
     resolved = _policy(policy, map_text, map_file, low)
-    searching = _searches(resolved, do_verify, do_repair, min_low_share)
-    _refuse_idle_options(ctx, do_verify, searching)
+    searching = do_repair or resolved.searches
     directory = _export_directory(models, output, out_dir, data_name)
     verifying = do_verify is not False or searching
     shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
     # The cost model costs a shape inference: only where something shows it, or the gate reads it.
     shown = not quiet or bool(report_json or report_md or report_html) or min_low_share is not None
     options = make_options(keep_io_types, keep_f32_op, keep_f32_node, target=target, shapes=shapes, cost=shown)
-    verify_options = verify_options_from(**verify_kwargs) if verifying else None
-    if verify_options is not None:  # where the provider only stands in for the target, it says so
-        verify_options = dataclasses.replace(verify_options, target=options.target.value)
-    if repair_budget < 1:
-        raise InputError("--repair-budget must be at least 1")
+    settings = JobSettings.checked(
+        resolved,
+        options,
+        verify_options_from(**verify_kwargs) if verifying else None,
+        verify=do_verify,
+        repair=do_repair,
+        budget=repair_budget,
+        min_low_share=min_low_share,
+        data_name=data_name,
+        screen=screen,
+        contain=True,  # an onnxruntime crash is one model's exit 3, never the end of rlx-amp
+    )
+    _refuse_idle_options(ctx, do_verify, searching)
+    verify_options = settings.verify_options
     targets = [output or ""] if directory else _output_paths(models, output, out_dir)
     if data_name is not None and len(models) > 1:
         raise InputError("--data-name names one output's data file; with several models each gets its own")
@@ -140,21 +141,7 @@ def convert(
         paths.write(dst, "output model")
     _plan_reports(paths, report_json, report_md, verify_options, map_file, report_html)
     paths.check()
-    settings = JobSettings(
-        resolved,
-        options,
-        verify_options,
-        repair=searching,
-        budget=repair_budget,
-        min_low_share=min_low_share,
-        data_name=data_name,
-        screen=screen,
-        verify_required=bool(do_verify),
-        quiet=quiet,
-        verbose=verbose,
-        stage_lines=StageLines.wanted(quiet),
-    )
-    job = ConvertJob(settings, paths)
+    job = ConvertJob(settings, paths, TerminalReporters(quiet, verbose, StageLines.wanted(quiet)))
     if not verifying and not quiet:
         click.echo("rlx-amp: note: --no-verify: nothing was measured; the output's drift is unknown", err=True)
     batch = len(models) > 1 or directory is not None
@@ -167,7 +154,7 @@ def convert(
         if directory:  # staged and put in place whole, before the reports
             timed = list(convert_directory(job, directory, Path(targets[0])))
         elif not batch:  # one model: model and reports are committed together
-            timed = [(job.convert(models[0], targets[0], outputs), None)]
+            timed = [(job.convert_contained(models[0], targets[0], outputs), None)]
         elif workers > 1:
             timed = list(run_in_workers(job, pairs, workers))
         else:
@@ -203,15 +190,6 @@ def _say_next(results: Sequence[ModelResult]) -> None:
         click.echo(f"rlx-amp: next: {advice}", err=True)
 
 
-def _searches(policy: Policy, do_verify: bool | None, do_repair: bool, min_low_share: float | None) -> bool:
-    """Whether the run repairs: --repair, or --policy auto (a search that verifies and repairs)."""
-    if policy.searches and do_verify is False:
-        raise InputError("--policy auto searches by verifying its candidates: it cannot run with --no-verify")
-    if min_low_share is not None and not 0 <= min_low_share <= 1:
-        raise InputError(f"--min-low-share: expected a share from 0 to 1, got {min_low_share:g}")
-    return do_repair or policy.searches
-
-
 #: Options that only mean something with --verify or --repair (parameter name -> flag).
 _VERIFY_ONLY = {
     "provider": "--provider",
@@ -237,8 +215,6 @@ def _refuse_idle_options(ctx: click.Context, do_verify: bool | None, do_repair: 
     given = [
         flag for name, flag in _VERIFY_ONLY.items() if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
     ]
-    if do_verify is False and do_repair:
-        raise InputError("--no-verify and --repair: repair verifies every candidate")
     if given and do_verify is False:
         raise InputError(f"{given[0]} does nothing with --no-verify")
     if ctx.get_parameter_source("screen") is not ParameterSource.DEFAULT and (do_verify is False or do_repair):
@@ -309,11 +285,16 @@ def verify(
     with OutputSet(paths.protected()) as outputs:
         status(f"verifying {candidate} against {reference} ...", enabled=not quiet)
         lines = StageLines(candidate, StageLines.wanted(quiet))
-        with StagedProgress(enabled=not quiet, lines=lines) as progress:
-            try:
-                result = verify_models(reference, candidate, verify_options, progress=progress, outputs=outputs)
-            except GuessedAxesError as e:  # a genai decoder: its folder's config has the sizes
-                raise with_genai_folder_hint(e, Path(reference)) from None
+
+        def run() -> Verification:
+            with StagedProgress(enabled=not quiet, lines=lines) as progress:
+                try:
+                    return verify_models(reference, candidate, verify_options, progress=progress, outputs=outputs)
+                except GuessedAxesError as e:  # a genai decoder: its folder's config has the sizes
+                    raise with_genai_folder_hint(e, Path(reference)) from None
+
+        # Under a supervisor: an onnxruntime crash is exit 3 with one line, never the end of rlx-amp.
+        result = run_contained(run, (), outputs, label=candidate, warm=True)
         if not quiet:
             click.echo(verify_table(result, verbose=verbose > 0))
         elif not result.passed:  # -q still says that something failed, in one line

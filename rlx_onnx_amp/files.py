@@ -29,7 +29,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "OutputSet",
+    "OutputState",
     "RunPaths",
     "ScratchDir",
     "check_data_name",
@@ -205,6 +206,15 @@ def check_writable(path: Path, role: str) -> None:
 
 #: The staging and scratch directories that exist now (`remove_leftover_dirs`).
 _LIVE_DIRS: set[Path] = set()
+#: Told of each private directory made (True) and removed (False) in this process: a supervised
+#: run's child tells its supervisor, which removes what a crash left (`supervise`).
+_dir_listener: Callable[[Path, bool], None] | None = None
+
+
+def listen_to_dirs(listener: Callable[[Path, bool], None] | None) -> None:
+    """Where this process tells of the private directories it makes and removes (None: nowhere)."""
+    global _dir_listener
+    _dir_listener = listener
 
 
 def private_dir(prefix: str, parent: str | os.PathLike[str] | None = None) -> Path:
@@ -213,6 +223,8 @@ def private_dir(prefix: str, parent: str | os.PathLike[str] | None = None) -> Pa
     with signals_deferred():
         made = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         _LIVE_DIRS.add(made)
+        if _dir_listener is not None:
+            _dir_listener(made, True)
     return made
 
 
@@ -220,6 +232,8 @@ def remove_private_dir(path: Path) -> None:
     with signals_deferred():
         shutil.rmtree(path, ignore_errors=True)
         _LIVE_DIRS.discard(path)
+        if _dir_listener is not None:
+            _dir_listener(path, False)
 
 
 def live_dirs() -> frozenset[Path]:
@@ -238,6 +252,15 @@ def remove_leftover_dirs(kept: frozenset[Path] = frozenset()) -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX; a forked worker's are its own
     os.register_at_fork(after_in_child=_LIVE_DIRS.clear)
+
+
+@dataclass(frozen=True)
+class OutputState:
+    """An `OutputSet`'s staging, as one process hands it to another (it pickles)."""
+
+    stages: dict[Path, Path]
+    files: list[tuple[int, Path, Path]]
+    models: list[tuple[Path, set[str]]]
 
 
 class OutputSet:
@@ -339,6 +362,19 @@ class OutputSet:
                     old.unlink()
                     logger.info("removed %s (data of the replaced %s)", old, model)
         self._models.clear()
+
+    def state(self) -> OutputState:
+        """What is staged, to hand to the process that commits (`adopt`)."""
+        return OutputState(dict(self._stages), list(self._files), [(m, set(u)) for m, u in self._models])
+
+    def adopt(self, state: OutputState) -> None:
+        """Take over what another process staged in a copy of this set (a supervised child):
+        its staging directories are this process's to commit or remove from now on."""
+        with signals_deferred():
+            self._stages.update(state.stages)
+            _LIVE_DIRS.update(state.stages.values())
+            self._files = list(state.files)
+            self._models = list(state.models)
 
     def discard(self) -> None:
         with signals_deferred():

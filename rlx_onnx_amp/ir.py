@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import onnx_ir as ir
@@ -56,12 +57,18 @@ from rlx_onnx_amp.api import (
     resolve_policy,
 )
 from rlx_onnx_amp.errors import AmpError, InputError
+from rlx_onnx_amp.pipeline import JobSettings, LogReporter, reference_run, with_reference
 from rlx_onnx_amp.policy import Policy
 from rlx_onnx_amp.reports.record import Conversion, ModelResult
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource
 
 __all__ = ["MixedPrecisionPass"]
+
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from rlx_onnx_amp.verification.reference import Reference
 
 
 
@@ -98,6 +105,7 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         verify: bool = False,
         verify_options: Any = None,
         scratch_dir: str | os.PathLike[str] | None = None,
+        screen: bool = True,
         **option_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -105,11 +113,22 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         self.options = options_from(options, option_kwargs)
         self.check = check
         self.verify = verify
-        self.verify_options = verify_options
-        self.scratch_dir = scratch_dir
-        self.result: ModelResult | None = None
+        self.screen = screen
+        # Checked as every door checks its settings (`pipeline.JobSettings.checked`); the
+        # reference runs for the range screen even without verify, as the command's does.
+        self.settings = JobSettings.checked(
+            self.policy,
+            self.options,
+            verify_options if verify or screen else None,
+            verify=True if verify else (None if screen else False),  # a screen alone: a reference that cannot run warns
+            spelling={"auto": "policy 'auto'", "no_verify": "verify=False"},
+            screen=screen,
+        )
         if self.policy.searches and not verify:
             raise InputError("policy 'auto' searches by verifying its candidates: give verify=True")
+        self.verify_options = self.settings.verify_options
+        self.scratch_dir = scratch_dir
+        self.result: ModelResult | None = None
 
     # ---- the contract ----------------------------------------------------------------------
 
@@ -169,6 +188,21 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         return ir_passes.PassResult(model, modified=conversion.changed)
 
     def _rewrite(self, model: ir.Model, name: str) -> ir_passes.PassResult:
+        """The pipeline's stages on the model in memory: the reference's run on the
+        verification's inputs (saved once to a temporary directory: onnxruntime reads files),
+        range-screened unless `screen=False`; the rewrite; the proof; with `verify`, the
+        verdict against that same reference run."""
+        if not (self.screen or self.verify):
+            return self._convert(model, name, None)
+        with tempfile.TemporaryDirectory(prefix="rlx-amp-ir-reference-", dir=self.scratch_dir) as tmp:
+            saved = Path(tmp) / "reference.onnx"
+            ir.save(model, saved, external_data="reference.onnx.data")
+            reference, why = reference_run(saved, self.settings, LogReporter(name))
+            if reference is None:
+                logger.warning("%s: not screened, not verified: %s", name, why)
+            return self._convert(model, name, reference)
+
+    def _convert(self, model: ir.Model, name: str, reference: Reference | None) -> ir_passes.PassResult:
         base_dir = _weights_dir(model)
         # External weights stay references (a weight an earlier run left in its scratch file
         # too); weights in memory are copied once.
@@ -183,9 +217,10 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
         if base_dir is not None or sum(_nbytes(t) for t in _tensors(model.graph)) > EXTERNAL_THRESHOLD:
             scratch = _Scratch(self.scratch_dir)
         sink = WeightSink() if scratch is None else ExternalSink(scratch.path, scratch.location, scratch=True)
+        options = with_reference(self.options, reference)
         try:
             conversion = dataclasses.replace(
-                convert_model(proto, self.policy, self.options, source=source, sink=sink, label=name), model=name
+                convert_model(proto, self.policy, options, source=source, sink=sink, label=name), model=name
             )
         finally:
             sink.close()
@@ -207,8 +242,8 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             del proto
             if scratch is not None:
                 _read_lazily(converted.graph, scratch)
-            if self.verify:
-                self._verify(model, converted, written, conversion)
+            if self.verify and reference is not None:
+                self._verify(converted, written, conversion, reference)
         finally:
             if written is not None:
                 written.unlink(missing_ok=True)
@@ -228,19 +263,16 @@ class MixedPrecisionPass(ir_passes.InPlacePass):
             return prove(proto, lambda: ir.to_proto(model), target, name, name)
         return None
 
-    def _verify(self, model: ir.Model, converted: ir.Model, written: Path | None, conversion: Conversion) -> None:
-        """Run both models with onnxruntime, which reads files: the input is saved to a
-        temporary directory, the converted model too unless it is `written` already."""
+    def _verify(self, converted: ir.Model, written: Path | None, conversion: Conversion, reference: Reference) -> None:
+        """The converted model against the reference's run (onnxruntime reads files: the
+        converted model is saved beside the reference unless it is `written` already)."""
         from rlx_onnx_amp.verification import verify
 
-        with tempfile.TemporaryDirectory(prefix="rlx-amp-ir-verify-") as tmp:
-            ref = Path(tmp) / "reference.onnx"
-            ir.save(model, ref, external_data="reference.onnx.data")
-            cand = written
-            if cand is None:
-                cand = Path(tmp) / "candidate.onnx"
-                ir.save(converted, cand, external_data="candidate.onnx.data")
-            result = verify(ref, cand, self.verify_options)
+        cand = written
+        if cand is None:
+            cand = reference.path.parent / "candidate.onnx"
+            ir.save(converted, cand, external_data="candidate.onnx.data")
+        result = verify(reference.path, cand, self.verify_options, prepared=reference)
         self.result = ModelResult(conversion, result)
         if not result.passed:
             failing = [o.name for o in result.outputs if not o.passed]

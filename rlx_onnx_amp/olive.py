@@ -3,7 +3,7 @@ with onnxruntime and fails the pass on drift (docs/olive.md).
 
 Olive (`pip install 'rlx-onnx-amp[olive]'`) is imported here and nowhere else in the package.
 The pass reads its input by path (`model.model_path`, never one protobuf of the whole model)
-and converts, verifies and repairs exactly as the convert command does (`batch.ConvertJob`), so
+and converts, verifies and repairs exactly as the convert command does (`pipeline.ConvertJob`), so
 the model it writes is the one `rlx-amp MODEL -o OUT --report-json R` writes for the same
 options, and the report it attaches (`rlx_amp_report.json`, in `additional_files`) is that `R`.
 
@@ -17,9 +17,6 @@ the plain command writes it: the log says so and the report's `unverified` says 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import io
 import json
 import logging
 from pathlib import Path
@@ -42,10 +39,11 @@ except ImportError as e:  # olive itself, or what it imports without declaring i
     ) from e
 
 from rlx_onnx_amp.api import make_options, resolve_policy
-from rlx_onnx_amp.batch import ConvertJob, JobSettings, RunResults
+from rlx_onnx_amp.batch import RunResults
 from rlx_onnx_amp.errors import AmpError, InputError
 from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK, EXIT_UNVERIFIED
 from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.pipeline import ConvertJob, JobSettings
 from rlx_onnx_amp.repair import DEFAULT_BUDGET
 from rlx_onnx_amp.reports.record import ModelResult, report_text
 from rlx_onnx_amp.verification import InputSpec, VerifyOptions
@@ -175,22 +173,27 @@ class RlxAmp(Pass):
         return _handler(model, dst, result)
 
 
+#: How the pass config spells what `JobSettings.checked` refuses.
+_SPELLING = {
+    "no_verify": "verify=False",
+    "repair": "repair=True",
+    "auto": "policy='auto'",
+    "budget": "repair_budget",
+    "min_low_share": "min_low_share",
+}
+
+
 def _settings(values: dict[str, Any]) -> JobSettings:
-    """The convert command's settings for a pass config, checked as the CLI checks its flags."""
+    """The convert command's settings for a pass config, checked as every door checks them
+    (`JobSettings.checked`)."""
     for name, accepted in _NO_TWIN.items():
         if values.get(name) is not None and values[name] != accepted:
             raise RlxAmpError(f"RlxAmp: {name}={values[name]!r} has no twin in rlx-amp (only {accepted!r})")
     policy = resolve_policy(values["policy"], values.get("kind_map"))
-    searching = bool(values["repair"]) or policy.searches  # policy auto is a search: it repairs
-    verifying = bool(values["verify"]) or searching
-    if searching and not values["verify"]:
-        what = "policy='auto'" if policy.searches else "repair=True"
-        raise RlxAmpError(f"RlxAmp: {what} with verify=False: repair verifies every candidate")
+    verifying = bool(values["verify"]) or bool(values["repair"]) or policy.searches
     idle = [name for name, default in _VERIFY_ONLY.items() if values.get(name, default) != default]
     if idle and not verifying:
         raise RlxAmpError(f"RlxAmp: {idle[0]} does nothing with verify=False")
-    if values["repair_budget"] < 1:
-        raise RlxAmpError("RlxAmp: repair_budget must be at least 1")
     shapes = {name: tuple(int(d) for d in dims) for name, dims in (values.get("shapes") or {}).items()}
     options = make_options(
         values["keep_io_types"],
@@ -200,16 +203,21 @@ def _settings(values: dict[str, Any]) -> JobSettings:
         shapes=shapes,
         cost=True,  # as the CLI with --report-json: the report has its cost section
     )
-    return JobSettings(
-        policy,
-        options,
-        dataclasses.replace(_verify_options(values, shapes), target=options.target.value) if verifying else None,
-        repair=searching,
-        budget=values["repair_budget"],
-        data_name=values.get("external_data_name"),
-        screen=bool(values["screen"]),
-        verify_required=bool(values["verify_required"]),
-    )
+    try:
+        return JobSettings.checked(
+            policy,
+            options,
+            _verify_options(values, shapes) if verifying else None,
+            verify=None if values["verify"] else False,
+            repair=bool(values["repair"]),
+            verify_required=bool(values["verify_required"]),
+            budget=values["repair_budget"],
+            spelling=_SPELLING,
+            data_name=values.get("external_data_name"),
+            screen=bool(values["screen"]),
+        )
+    except InputError as e:
+        raise RlxAmpError(f"RlxAmp: {e}") from None
 
 
 def _verify_options(values: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> VerifyOptions:
@@ -241,13 +249,8 @@ def _convert(src: str, dst: Path, values: dict[str, Any]) -> ModelResult:
     if settings.verify_options is not None and settings.verify_options.inputs:
         paths.read(settings.verify_options.inputs, "inputs file")
     paths.check()
-    stdout, stderr = io.StringIO(), io.StringIO()
     with OutputSet(paths.protected()) as outputs:
-        try:
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                result = ConvertJob(settings, paths).convert(src, str(dst), outputs)
-        finally:
-            _log_captured(stdout.getvalue(), stderr.getvalue())
+        result = ConvertJob(settings, paths).convert(src, str(dst), outputs)  # it logs what the CLI prints
         report = RunResults((result,), settings.verify_options is not None).json(False)
         if values.get("save_as_external_data") and not (result.conversion and result.conversion.data_files):
             raise RlxAmpError(
@@ -263,15 +266,6 @@ def _convert(src: str, dst: Path, values: dict[str, Any]) -> ModelResult:
         outputs.write_text(report_path, report_text(report))
         outputs.commit()
     return result  # unverified (exit 4): the job's warning is in the log, `unverified` in the report
-
-
-def _log_captured(stdout: str, stderr: str) -> None:
-    """What the convert command would print: its tables at INFO, its warnings at WARNING."""
-    if stdout.strip():
-        logger.info("rlx-amp:\n%s", stdout.rstrip())
-    for line in stderr.splitlines():
-        if line.strip():
-            logger.warning("%s", line)
 
 
 def _verdict(result: ModelResult) -> dict[str, Any]:

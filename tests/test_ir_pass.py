@@ -5,6 +5,7 @@ read and written without every weight in memory."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -256,12 +257,31 @@ def test_verify_raises_a_postcondition_error_on_drift() -> None:
 
     model = _typed(ir.from_proto(BROKEN_IN_F16["exp_overflow"]().model))
     before = ir.to_proto(model).SerializeToString()
-    p = MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"))
+    # The literal policy (no range screen): f16's exp overflows, and the verdict says so.
+    p = MixedPrecisionPass(policy="always-f16", verify=True, verify_options=VerifyOptions(provider="cpu"), screen=False)
     with pytest.raises(ir.passes.PostconditionError, match=r"\by\b"):  # it names the output that drifts
         p(model)
     assert ir.to_proto(model).SerializeToString() == before  # left unchanged
     assert p.result is not None and p.result.verify is not None and p.result.verify.passed is False
     assert [o.name for o in p.result.verify.outputs if not o.passed] == ["y"]
+
+
+def test_the_pass_screens_as_the_command_does(tmp_path: Path) -> None:
+    # One pipeline behind every door: by default the pass runs the reference, screens its
+    # ranges and keeps f32 the nodes the command keeps; the verdict then passes.
+    src = tmp_path / "exp.onnx"
+    onnx.save(BROKEN_IN_F16["exp_overflow"]().model, str(src))
+    model = _typed(ir.load(src))
+    p = MixedPrecisionPass(policy="always-f16", verify=True)
+    assert p(model).modified
+    assert p.result is not None and p.result.verify is not None and p.result.verify.passed is True
+    assert p.result.conversion is not None
+    by_pass = sorted((k.node, k.reason) for k in p.result.conversion.kept_f32)
+    report = tmp_path / "r.json"
+    done = rlx(src, "-p", "always-f16", "-o", tmp_path / "cli.onnx", "-q", "--report-json", report)
+    assert done.returncode == 0, done.stderr
+    by_cli = sorted((k["node"], k["reason"]) for k in json.loads(report.read_text())["kept_f32"])
+    assert by_pass == by_cli and any("range" in reason for _, reason in by_pass), by_pass
 
 
 def test_verify_passes_a_healthy_model() -> None:

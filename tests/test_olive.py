@@ -220,7 +220,7 @@ def test_pass_takes_policy_auto_as_the_command_does(tmp_path: Path) -> None:
         ({"all_tensors_to_one_file": False}, "all_tensors_to_one_file=False has no twin"),
         ({"save_as_external_data": True}, "save_as_external_data"),
         ({"verify": False, "repair": True}, "repair verifies every candidate"),
-        ({"verify": False, "policy": "auto"}, "policy='auto' with verify=False"),
+        ({"verify": False, "policy": "auto"}, "policy='auto' searches by verifying its candidates: it cannot run with verify=False"),
         ({"verify": False, "atol": 0.5}, "atol does nothing with verify=False"),
         ({"policy": "always-f17"}, "always-f17"),
         # The verify options' checks, shared with the CLI (VerifyOptions.check), in the config's names:
