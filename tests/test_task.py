@@ -296,3 +296,11 @@ def test_a_detection_verdict_with_every_detection_at_the_cut_is_not_judged() -> 
     v = judge_task(Task.DETECT, "--task", pairs, dict.fromkeys(pairs, TOL), runs=runs)
     assert v is not None and v.judged and v.passed and v.outputs[0].summary == (
         "recall 100%, precision 100%, mean IoU 1.000 over 1 images")
+
+
+def test_a_generation_with_no_token_step_is_not_judged() -> None:
+    """A decoder whose candidate took no greedy step (no prompt set could take a second one) is
+    judged by nothing: its verdict does not pass and says why."""
+    v = judge_task(Task.GENERATE, "--task", {"logits": (np.zeros((1, 4)), np.zeros((1, 4)))}, {"logits": TOL},
+                   steps=([], []))
+    assert v is not None and not v.judged and not v.passed and v.not_judged == "no token step of logits"

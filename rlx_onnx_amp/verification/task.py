@@ -223,9 +223,8 @@ def judge_generation(name: str, reference: Sequence[Steps], candidate: Sequence[
             ties.append(int(tie.sum()))
             cosines.append(_row_cosines(r, c))
         parted.append(first)
-    judged, in_top5 = np.concatenate(agree), np.concatenate(top5)
-    first_parted = np.concatenate(parted)
-    all_cosines = np.concatenate(cosines)
+    judged, in_top5, first_parted, all_cosines = (
+        np.concatenate(a) if a else np.zeros(0) for a in (agree, top5, parted, cosines))  # no prompt set: no step
     not_judged = None
     if not judged.size:
         not_judged = f"every prompt-step of {name} is a near-tie" if sum(ties) else f"no token step of {name}"
