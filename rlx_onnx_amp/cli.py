@@ -26,15 +26,16 @@ import click
 from rlx_onnx_amp.errors import AmpError
 from rlx_onnx_amp.exits import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, error_message, fail
 from rlx_onnx_amp.files import live_dirs, remove_leftover_dirs
+from rlx_onnx_amp.names import TASK_NAMES
 from rlx_onnx_amp.stops import Terminated, signal_held_during_commit, signals_deferred, stop_handlers
 
 #: Spelled here, not imported, so that --help loads no onnx; tests/test_first_hour.py checks them
-#: against policy.POLICY_NAMES, verification.task.TASKS and verification.options' DEFAULT_BUDGET
-#: and DEFAULT_GENERATE_STEPS.
+#: against policy.POLICY_NAMES, verification.task.TASKS (which asserts its table against
+#: names.TASK_NAMES) and verification.options' DEFAULT_BUDGET and DEFAULT_GENERATE_STEPS.
 POLICY_NAMES = (
     "always-f32", "always-f16", "auto-mixed-conservative", "auto-mixed", "auto-mixed-bf16", "auto", "custom"
 )
-TASKS = ("auto", "logits", "classify", "embed", "detect", "generate", "none")
+TASKS = TASK_NAMES
 DEFAULT_BUDGET = 24
 DEFAULT_GENERATE_STEPS = 8
 
@@ -206,10 +207,12 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             type=click.Choice(TASKS),
             help="What the verdict judges: generate (a decoder's greedy tokens over --generate-steps steps, "
-            "teacher-forced, near-ties set apart), detect (boxes matched by class and IoU), classify (the class "
-            "per row, near-ties set apart), embed (the lowest per-row cosine), logits (element-wise on the logits "
-            "alone), none (element-wise on every output); auto picks from the model's inputs and outputs and "
-            "says so. Element-wise figures stay as diagnostics.",
+            "teacher-forced, near-ties set apart), detect (boxes matched by class and IoU), segment (the class "
+            "per pixel of an N x C x H x W output: agreement and mean IoU), classify (the class per row, "
+            "near-ties set apart), embed (the lowest per-row cosine), logits (element-wise on the logits alone), "
+            "none (element-wise on every output); auto picks from the model's inputs and outputs and says so. "
+            "Element-wise figures stay as diagnostics; a task that compared nothing (every row a near-tie) "
+            "leaves the verdict to them.",
         ),
         click.option(
             "--generate-steps",

@@ -294,6 +294,7 @@ _ARCHITECTURE_TASKS = (
     ("ForConditionalGeneration", "generate"),
     ("ForSpeechSeq2Seq", "generate"),
     ("ForObjectDetection", "detect"),
+    ("ForSemanticSegmentation", "segment"),
     ("ForImageClassification", "classify"),
     ("ForSequenceClassification", "classify"),
     ("ForAudioClassification", "classify"),

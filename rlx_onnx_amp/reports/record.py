@@ -263,10 +263,13 @@ class TracePoint(Record):
 @dataclass(frozen=True)
 class TaskResult(Record):
     """One output judged by its task (`verification.task`; docs/verification.md says what each
-    field means per task): top-1/top-5 agreement over the rows (`generate`: prompt-steps) that
-    are no near-tie (`set_apart`), the lowest row cosine; `generate`'s `steps`, free-running
-    `token_agreement` and `first_divergence` (None: no prompt's tokens part); `detect`'s
-    `recall`, `precision` and `mean_iou` (`set_apart`: detections at the score cut)."""
+    field means per task): top-1/top-5 agreement over the rows (`generate`: prompt-steps;
+    `segment`: pixels) that are no near-tie (`set_apart`), the lowest row cosine; `generate`'s
+    `steps`, free-running `token_agreement` and `first_divergence` (None: no prompt's tokens
+    part); `detect`'s `recall`, `precision` and `mean_iou` (`set_apart`: detections at the score
+    cut); `segment`'s `mean_iou` over the classes present and `classes` (its class axis' length).
+    `not_judged` says why nothing of the output was compared (then it does not pass, and the
+    element-wise verdict decides); `summary` is the task's one-line account of the figures."""
 
     output: str
     task: str
@@ -282,17 +285,27 @@ class TaskResult(Record):
     recall: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     precision: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     mean_iou: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    classes: int | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    not_judged: str | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    summary: str | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
 
 @dataclass(frozen=True)
 class TaskVerdict(Record):
-    """The verdict on the task: it decides `Verification.passed` (the element-wise figures are
-    diagnostics then); `chosen_by` says how the task was picked."""
+    """The verdict on the task: where it judged something it decides `Verification.passed` (the
+    element-wise figures are diagnostics then); `chosen_by` says how the task was picked.
+    `not_judged` says why it compared nothing (every row a near-tie, no detection off the score
+    cut, no token step): then `passed` is false and the element-wise verdict decides."""
 
     task: str
     chosen_by: str
     passed: bool
     outputs: tuple[TaskResult, ...]
+    not_judged: str | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+
+    @property
+    def judged(self) -> bool:
+        return self.not_judged is None
 
 
 @dataclass(frozen=True)

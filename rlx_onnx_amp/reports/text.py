@@ -273,46 +273,33 @@ def drift_rows(v: Verification) -> list[list[str]]:
 
 def failed_verdict(v: Verification) -> str:
     """The one line `-q` prints for a failing verification: each failing output and its checks."""
-    if v.task is not None:
-        failed = [f"{t.output} ({t.task})" for t in v.task.outputs if not t.passed]
+    if v.task is not None and v.task.judged:  # an output the task could not judge is judged element-wise
+        wise = {o.name: o.passed for o in v.outputs}
+        failed = [f"{t.output} ({t.task if t.not_judged is None else 'element-wise'})" for t in v.task.outputs
+                  if not (t.passed if t.not_judged is None else wise.get(t.output, False))]
     else:
         failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in v.outputs if not o.passed]
     return f"FAILED {v.candidate}: {'; '.join(failed) or 'no output compared'}"
 
 
 def task_line(v: Verification) -> str | None:
-    """The task verdict in one line (it decides the verdict; the element-wise rows are then
-    diagnostics); None where no task was judged."""
+    """The task verdict in one line, from the figures each task summed up
+    (`TaskResult.summary`): where it judged something it decides the verdict and the
+    element-wise rows are diagnostics; where it judged nothing, the element-wise verdict decides.
+    None where no task was judged."""
     t = v.task
     if t is None:
         return None
-    parts = []
-    for r in t.outputs:
-        if r.task == "generate":
-            parted = f"first parts at step {r.first_divergence}" if r.first_divergence is not None else "never parts"
-            judged = (
-                f"{r.rows} prompts x {r.steps} greedy steps, teacher-forced top-1 {percent(r.top1_agreement)}, "
-                f"top-5 {percent(r.top5_agreement)}, lowest logit cosine {_cosine(r.min_cosine)}; free-running "
-                f"{parted} ({percent(r.token_agreement)} of the tokens before it)"
-            )
-            apart = f" ({r.set_apart} near-tie steps set apart)" if r.set_apart else ""
-        elif r.task == "detect":
-            judged = (
-                f"recall {percent(r.recall)}, precision {percent(r.precision)}, mean IoU "
-                f"{'-' if r.mean_iou is None else f'{r.mean_iou:.3f}'} over {r.rows} images"
-            )
-            apart = f" ({r.set_apart} detections at the score cut set apart)" if r.set_apart else ""
-        elif r.task == "classify":
-            judged = f"top-1 {percent(r.top1_agreement)}, top-5 {percent(r.top5_agreement)} of {r.rows} rows"
-            apart = f" ({r.set_apart} near-ties set apart)" if r.set_apart else ""
-        elif r.task == "logits":
-            judged, apart = f"element-wise (cosine {_cosine(r.min_cosine)})", ""
-        else:
-            judged = f"lowest row cosine {_cosine(r.min_cosine)} of {r.rows} rows"
-            apart = f" ({r.set_apart} zero rows set apart)" if r.set_apart else ""
-        parts.append(f"{r.output} {'PASS' if r.passed else 'FAIL'}: {judged}{apart}")
+    head = f"task {t.task} ({t.chosen_by})"
+    if not t.judged:
+        return f"{head}: not judged ({t.not_judged}); the element-wise verdict decides"
+    parts = [
+        f"{r.output} {'PASS' if r.passed else 'FAIL'}: {r.summary or f'{r.rows} rows'}" if r.not_judged is None
+        else f"{r.output} not judged ({r.not_judged}): judged element-wise"
+        for r in t.outputs
+    ]
     return (
-        f"task {t.task} ({t.chosen_by}): {'PASSED' if t.passed else 'FAILED'}; {'; '.join(parts)}; "
+        f"{head}: {'PASSED' if t.passed else 'FAILED'}; {'; '.join(parts)}; "
         "the element-wise rows above are diagnostics"
     )
 

@@ -46,7 +46,7 @@ from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
 from rlx_onnx_amp.verification.metrics import compare_arrays
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
-from rlx_onnx_amp.verification.task import Task, choose_task, judge_detection, judge_generation, judge_task
+from rlx_onnx_amp.verification.task import Task, choose_task, judge_task
 
 __all__ = ["Judgement", "Verifier", "verify"]
 
@@ -60,11 +60,11 @@ class Judgement:
 
     compared: Compared  # its session released
     drifts: list[OutputResult]
-    task: TaskVerdict | None = None  # where a task is judged, it decides
+    task: TaskVerdict | None = None  # where a task judged something, it decides
 
     @property
     def passed(self) -> bool:
-        if self.task is not None:
+        if self.task is not None and self.task.judged:
             return self.task.passed
         return bool(self.drifts) and all(d.passed for d in self.drifts)
 
@@ -151,17 +151,9 @@ class Verifier:
         tolerances = {name: self.options.tolerance.for_output(name, compared.precision) for name in pairs}
         drifts = [compare_arrays(name, r, c, tolerances[name]) for name, (r, c) in pairs.items()]
         drifts.sort(key=lambda o: (o.passed, o.name))
-        verdict: TaskVerdict | None
-        if cand_steps is not None:
-            assert self._ref_steps is not None
-            result = judge_generation(named[0], self._ref_steps, cand_steps, tolerances[named[0]])
-            verdict = TaskVerdict(task.value, chosen_by, result.passed, (result,))
-        elif task is Task.DETECT:
-            result = judge_detection(named, ref.runs, runs, tolerances[named[0]])
-            verdict = TaskVerdict(task.value, chosen_by, result.passed, (result,))
-        else:
-            by_name = {d.name: d for d in drifts}
-            verdict = judge_task(task, chosen_by, {n: pairs[n] for n in named}, tolerances, by_name)
+        steps = (self._ref_steps, cand_steps) if self._ref_steps is not None and cand_steps is not None else None
+        verdict = judge_task(task, chosen_by, {n: pairs[n] for n in named}, tolerances, {d.name: d for d in drifts},
+                             runs=(ref.runs, runs), steps=steps)
         return Judgement(compared, drifts, verdict)
 
     def _task(self, progress: Progress | None) -> tuple[Task, tuple[str, ...], str]:
