@@ -73,6 +73,7 @@ from rlx_onnx_amp.reports.text import (
     repair_summary,
     verify_markdown,
     verify_table,
+    written_line,
 )
 from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.stops import Terminated, raise_on_stop, raise_stop, stop_requested
@@ -293,6 +294,8 @@ class ConvertJob:
                 click.echo(latency)
         elif not result.verify.passed:  # -q still says that something failed, in one line
             click.echo(failed_verdict(result.verify))
+        elif result.verify.written_unproven:  # and why it exits 4
+            click.echo(written_line(result.verify))
 
     def _hint(self, c: Conversion) -> None:
         """One line when the policy buys little: the policy itself is never changed."""
@@ -358,7 +361,8 @@ class RunResults:
         when something did not pass."""
         bad = [r.verify.candidate for r in self.results if r.verify is not None and not r.verify.passed]
         bad += [r.failure.model for r in self.results if r.failure is not None]
-        unverified = [r.output or r.model for r in self.results if r.unverified is not None]
+        unverified = [r.output or r.model for r in self.results
+                      if r.unverified is not None or (r.verify is not None and r.verify.written_unproven)]
         if not (bad or unverified or not quiet):
             return None
         line = f"{len(self.results) - len(bad) - len(unverified)} of {len(self.results)} models "
