@@ -320,8 +320,9 @@ def written_line(v: Verification) -> str | None:
         return None
     name = PROVIDER_NAMES.get(w.provider, w.provider)
     if w.crashed is not None:
-        return (f"{v.candidate}: the written file crashes onnxruntime's {name} provider ({w.crashed}); the verdict "
-                f"is the emulation's (exit 4)")
+        died = w.crashed.replace(" (", ", ").rstrip(")")  # "signal 11, SIGSEGV": one pair of brackets
+        return (f"{v.candidate}: the written file crashes onnxruntime's {name} provider ({died}); the verdict is the "
+                "emulation's (exit 4)")
     if not w.ran:
         why = summarized(w.error or "unknown", 100)
         return (f"{v.candidate}: the written file cannot run on onnxruntime's {name} provider; the verdict is the "
