@@ -79,7 +79,8 @@ class RunResults:
         when something did not pass."""
         bad = [r.verify.candidate for r in self.results if r.verify is not None and not r.verify.passed]
         bad += [r.failure.model for r in self.results if r.failure is not None]
-        unverified = [r.output or r.model for r in self.results if r.unverified is not None]
+        unverified = [r.output or r.model for r in self.results
+                      if r.unverified is not None or (r.verify is not None and r.verify.written_unproven)]
         if not (bad or unverified or not quiet):
             return None
         line = f"{len(self.results) - len(bad) - len(unverified)} of {len(self.results)} models "

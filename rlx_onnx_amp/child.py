@@ -45,8 +45,11 @@ class ChildCrashed(Exception):
 
     def __init__(self, signal_number: int | None, exit_code: int | None) -> None:
         self.signal_number, self.exit_code = signal_number, exit_code
-        died_of = f"signal {signal_number} ({signal.Signals(signal_number).name})" if signal_number else None
-        super().__init__(f"the child process died of {died_of or f'exit code {exit_code}'}")
+        #: "signal 11 (SIGSEGV)", or "exit code 1".
+        self.died_of = f"exit code {exit_code}"
+        if signal_number:
+            self.died_of = f"signal {signal_number} ({signal.Signals(signal_number).name})"
+        super().__init__(f"the child process died of {self.died_of}")
 
 
 class ChildTimeout(TimeoutError):

@@ -20,7 +20,7 @@ from rlx_onnx_amp.api import load_model, make_options, plan_model_reads, write_d
 from rlx_onnx_amp.batch import RunResults, convert_directory, run_in_workers
 from rlx_onnx_amp.directory import with_genai_folder_hint
 from rlx_onnx_amp.errors import InputError, first_line
-from rlx_onnx_amp.exits import EXIT_DRIFT, EXIT_OK
+from rlx_onnx_amp.exits import EXIT_OK
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.pipeline import ConvertJob, JobSettings, unexpected_failure
@@ -36,6 +36,7 @@ from rlx_onnx_amp.reports.text import (
     next_step,
     verify_markdown,
     verify_table,
+    written_line,
 )
 from rlx_onnx_amp.supervise import run_contained
 from rlx_onnx_amp.tensors import WeightSource
@@ -299,6 +300,8 @@ def verify(
             click.echo(verify_table(result, verbose=verbose > 0))
         elif not result.passed:  # -q still says that something failed, in one line
             click.echo(failed_verdict(result))
+        elif result.written_unproven:  # and why it exits 4
+            click.echo(written_line(result))
         if report_json:
             run_info = run_record(started, result.provider, target, command)
             outputs.write_text(report_json, report_text(report_document({"verify": result.to_json()}, run_info)))
@@ -310,7 +313,7 @@ def verify(
             outputs.write_text(report_html, html_report([ModelResult(verify=result)], title="rlx-amp drift report"))
         outputs.commit()
     _say_next([ModelResult(verify=result)])
-    return EXIT_OK if result.passed else EXIT_DRIFT
+    return ModelResult(verify=result).exit_code  # 4 where the written file crashed a stand-in provider
 
 
 def merge(

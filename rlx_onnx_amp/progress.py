@@ -23,6 +23,7 @@ from rlx_onnx_amp.reports.text import (
     latency_line,
     repair_summary,
     verify_table,
+    written_line,
 )
 
 __all__ = [
@@ -228,6 +229,8 @@ class TerminalReporter:
                 click.echo(latency)
         elif not result.verify.passed:  # -q still says that something failed, in one line
             click.echo(failed_verdict(result.verify))
+        elif result.verify.written_unproven:  # and why it exits 4
+            click.echo(written_line(result.verify))
 
     def failed(self, message: str, code: int) -> None:
         click.echo(error_line(error_message(message, code, self.verbose)), err=True)

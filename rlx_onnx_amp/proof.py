@@ -35,19 +35,18 @@ def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
     return None
 
 
-def onnxruntime_failure(model: _Checkable, limit: int = 400, provider: str = "CPUExecutionProvider") -> str | None:
-    """Why onnxruntime's `provider` (with the CPU provider behind it) cannot load a model, or
-    None when it loads."""
-    import onnxruntime as ort
+def onnxruntime_failure(
+    model: _Checkable, limit: int = 400, provider: str = "CPUExecutionProvider", role: str | None = None
+) -> str | None:
+    """Why onnxruntime's `provider` (with the CPU provider behind it) cannot load a model (`role`:
+    what it is, for a supervisor's notes), or None when it loads."""
+    from rlx_onnx_amp.sessions import OrtSession  # onnxruntime: only where the checker refuses a model
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.add_session_config_entry("session.disable_prepacking", "1")
+    source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
+    label = "a model in memory" if isinstance(model, ModelProto) else str(model)
     try:
-        source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
-        providers = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
-        ort.InferenceSession(source, opts, providers=providers)
-    except Exception as e:
+        OrtSession(source, provider, label, role=role, prepacking=False)
+    except AmpError as e:
         return first_line(e, limit)
     return None
 
@@ -74,14 +73,14 @@ def prove(
     first = checker_failure(source)
     if first is None:  # the input was valid, so this is our bug: say so, with the checker's words
         raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
-    if onnxruntime_failure(source) is not None:
+    if onnxruntime_failure(source, role="the input") is not None:
         raise InputError(f"{source_label}: the input model fails onnx.checker ({first}); nothing written")
     import onnxruntime as ort
 
     # The output is meant for its target: a bf16 model for CUDA need not load on the CPU provider.
     wanted = "CUDAExecutionProvider" if target == "cuda" else "CPUExecutionProvider"
     provider = wanted if wanted in ort.get_available_providers() else "CPUExecutionProvider"
-    output_not_loaded = onnxruntime_failure(output, provider=provider)
+    output_not_loaded = onnxruntime_failure(output, provider=provider, role="the written file")
     if output_not_loaded is not None and provider != wanted:
         raise InputError(
             f"{source_label}: the input model fails onnx.checker ({first}), and the converted model cannot be "

@@ -271,7 +271,7 @@ def test_bf16_without_emulation_cannot_run_on_cpu(tmp_path: Path) -> None:
         result = rlx("verify", str(src), str(out), "--provider", "cpu", emulate)
         assert result.returncode == 3, result.stderr
         [line] = result.stderr.strip().splitlines()
-        assert str(out) in line and "cannot run it on cpu" in line and "never passed" in line
+        assert str(out) in line and "cannot load it on cpu" in line and "never passed" in line
 
 
 def test_unavailable_provider_is_an_error(tmp_path: Path) -> None:
@@ -311,7 +311,10 @@ def test_emulation_computes_with_the_candidates_own_weights(tmp_path: Path) -> N
         convert_file(src, out, "always-f16")
         options = VerifyOptions(provider="cpu", spec=InputSpec(samples=2))
         good = verify(src, out, options)
-        assert good.emulated and good.passed, name
+        # The emulation's verdict (the written file's own run is tests/test_written_model_runs.py's:
+        # on the second input set, a fully masked row, onnxruntime's f16 Add overflows where the
+        # emulation saturates).
+        assert good.emulated and all(o.passed for o in good.outputs), name
         cand = onnx.load(str(out))  # its weights read in, inline from here on
         weight = max((t for t in cand.graph.initializer if t.data_type == TensorProto.FLOAT16), key=lambda t: t.raw_data.__len__())
         values = onnx.numpy_helper.to_array(weight)
@@ -319,7 +322,7 @@ def test_emulation_computes_with_the_candidates_own_weights(tmp_path: Path) -> N
         bad_path = tmp_path / f"{name}_bad16.onnx"
         onnx.save(cand, str(bad_path))
         bad = verify(src, bad_path, options)
-        assert bad.emulated and not bad.passed, f"{name}: a wrong {weight.name} passed the emulated check"
+        assert bad.emulated and not all(o.passed for o in bad.outputs), f"{name}: a wrong {weight.name} passed the emulated check"
         # The model as written, its weights unchanged, re-saved inline: the same figures as before.
         same_path = tmp_path / f"{name}_same16.onnx"
         onnx.save(onnx.load(str(out)), str(same_path))

@@ -75,16 +75,118 @@ def test_a_batch_goes_on_after_a_crash(crashing: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b_block.onnx"]
 
 
-def test_on_a_stand_in_provider_it_says_so_and_the_verdict_is_emulated(crashing: Path, tmp_path: Path) -> None:
+def test_on_a_stand_in_provider_it_says_so_and_exits_4(crashing: Path, tmp_path: Path) -> None:
     """For a CUDA target, the CPU provider only stands in: the written model's crash there is
-    said (in the report's latency note), and the emulated verdict stands."""
-    result = rlx(crashing, "-p", "always-f16", "-o", tmp_path / "m.onnx", "--provider", "cpu",
-                 "--report-json", tmp_path / "r.json", "-q")
-    assert result.returncode == 0, result.stderr
-    verify = json.loads((tmp_path / "r.json").read_text())["verify"]
-    assert verify["emulated"] and not verify["candidate_loaded"]
+    said in one line, even with -q, the file is written, the verdict is the emulation's, and
+    the exit code 4 (written, not verified), never 0 (issue 49)."""
+    out = tmp_path / "m.onnx"
+    result = rlx(crashing, "-p", "always-f16", "-o", out, "--provider", "cpu", "--report-json", tmp_path / "r.json",
+                 "-q")
+    assert result.returncode == 4, result.stderr
+    assert out.is_file()
+    assert (f"{out}: the written file crashes onnxruntime's CPU provider (signal 11, SIGSEGV); the verdict is the "
+            "emulation's (exit 4)") in result.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    verify = report["verify"]
+    assert verify["passed"] and verify["emulated"] and not verify["candidate_loaded"]
     assert verify["emulation_reason"].startswith("cpu cannot run the candidate: ")
     assert "SIGSEGV" in verify["emulation_reason"] and "SIGSEGV" in verify["latency"]["note"] and verify["latency"]["candidate_ms"] is None
+    assert verify["written"] == {"provider": "cpu", "target": "cuda", "ran": False, "crashed": "signal 11 (SIGSEGV)",
+                                 "error": verify["written"]["error"], "outputs": [], "passed": None}
+    assert "SIGSEGV" in verify["written"]["error"]
+
+
+def test_the_verify_command_exits_4_where_the_written_file_crashes_a_stand_in(crashing: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.onnx"
+    assert rlx(crashing, "-p", "always-f16", "-o", out, "--no-verify", "-q").returncode == 0
+    result = rlx("verify", crashing, out, "--provider", "cpu", "--target", "cuda")
+    assert result.returncode == 4, result.stderr
+    assert "the written file crashes onnxruntime's CPU provider (signal 11, SIGSEGV)" in result.stdout
+    assert "PASSED" in result.stdout  # the emulation's verdict, said as such
+    result = rlx("verify", crashing, out, "--provider", "cpu", "--target", "cpu")
+    assert result.returncode == 3 and "SIGSEGV" in result.stderr
+
+
+def _f16_mask_block(tmp_path: Path) -> tuple[Path, Path]:
+    """The transformer block with its attention mask's fill, -1e9, clamped to f16's -65504 by
+    the conversion: where a row masks every position (the seeded second input set does), the
+    scores plus the fill overflow to -inf in onnxruntime's f16 Add on the CPU provider, which the
+    emulation (f32 arithmetic, each value rounded and saturated to f16's range) does not."""
+    src = tmp_path / "block.onnx"
+    onnx.save(HEALTHY["transformer_block"]().model, str(src))
+    return src, tmp_path / "block16.onnx"
+
+
+def test_the_written_file_fails_where_its_emulation_passes(tmp_path: Path) -> None:
+    """The written file's own outputs are judged as well as the emulation's: it fails on the
+    CPU provider where the emulation passes, so the verdict fails (exit 1), and the line says
+    which run failed and what it means. Its figures are onnxruntime's on the saved inputs."""
+    import onnxruntime as ort
+
+    src, out = _f16_mask_block(tmp_path)
+    result = rlx(src, "-p", "always-f16", "-o", out, "--provider", "cpu", "--samples", "2",
+                 "--save-inputs", tmp_path / "in.npz", "--report-json", tmp_path / "r.json")
+    assert result.returncode == 1, result.stderr
+    verify = json.loads((tmp_path / "r.json").read_text())["verify"]
+    assert not verify["passed"] and verify["emulated"] and all(o["passed"] for o in verify["outputs"])
+    written = verify["written"]
+    assert written["ran"] and written["passed"] is False and written["crashed"] is None
+    [y] = written["outputs"]
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("written file on cpu: "))
+    assert line.startswith(f"written file on cpu: y FAIL cosine {y['cosine']:.7f} < 0.999 (")
+    assert "onnxruntime's CPU kernels for f16 differ from the emulation, which passes" in line
+    assert "the file is wrong for CPU users" in line
+    # The same figures from onnxruntime directly: the second set masks every position.
+    saved = np.load(tmp_path / "in.npz")
+    sets = [{n: saved[n + suffix] for n in ("x", "attention_mask")} for suffix in ("", "#1")]
+    assert not sets[1]["attention_mask"].any() and sets[0]["attention_mask"].any()
+    ref, cand = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (src, out))
+    r = np.stack([ref.run(None, f)[0] for f in sets]).astype(np.float64).ravel()
+    c = np.stack([cand.run(None, f)[0] for f in sets]).astype(np.float64).ravel()
+    assert abs(r @ c / np.linalg.norm(r) / np.linalg.norm(c) - y["cosine"]) < 1e-6
+    assert abs(np.abs(r - c).max() - y["max_abs"]) < 1e-5
+    quiet = rlx(src, "-p", "always-f16", "-o", tmp_path / "q.onnx", "--provider", "cpu", "--samples", "2", "-q")
+    assert quiet.returncode == 1
+    assert f"FAILED {tmp_path / 'q.onnx'}: the written file on cpu: y (max-scaled, cosine)" in quiet.stdout
+
+
+def test_the_written_file_passes_where_it_matches(tmp_path: Path) -> None:
+    """One input set, no fully masked row: the written file passes as the emulation does, and
+    the report says so in one short line."""
+    src, out = _f16_mask_block(tmp_path)
+    result = rlx(src, "-p", "always-f16", "-o", out, "--provider", "cpu", "--report-json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "r.json").read_text())["verify"]["written"]
+    assert written["ran"] and written["passed"] and [o["name"] for o in written["outputs"]] == ["y"]
+    assert "written file on cpu: PASS" in result.stdout
+
+
+def test_the_session_constructor_refuses_a_fallback(tmp_path: Path) -> None:
+    """`sessions.OrtSession` on a provider onnxruntime cannot start here falls back to the CPU,
+    which it refuses; and it tells a supervisor what it loads and runs, before onnxruntime does."""
+    import onnxruntime as ort
+
+    from rlx_onnx_amp import contain
+    from rlx_onnx_amp.errors import InputError
+    from rlx_onnx_amp.sessions import OrtSession
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_transpose_matmul(), str(path))
+    missing = [p for p in ("CUDAExecutionProvider", "CoreMLExecutionProvider") if p not in ort.get_available_providers()]
+    if not missing:
+        pytest.skip("every provider is available here")
+    with pytest.raises(InputError, match=f"m.onnx: onnxruntime fell back to CPUExecutionProvider instead of {missing[0]}"):
+        OrtSession(str(path), missing[0], str(path))
+    notes: list[str] = []
+    contain.listen(notes.append)
+    try:
+        session = OrtSession(str(path), "CPUExecutionProvider", "m.onnx", role="the written file")
+        [y] = session.run(["y"], {"x": np.ones((6, 2, 256), np.float32)})
+    finally:
+        contain.listen(None)
+    assert y.shape == (2, 6, 59)
+    assert notes == ["loading the written file m.onnx on CPUExecutionProvider",
+                     "running the written file m.onnx on CPUExecutionProvider"]
 
 
 @pytest.fixture()

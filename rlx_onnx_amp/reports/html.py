@@ -55,6 +55,7 @@ from rlx_onnx_amp.reports.text import (
     speedup,
     task_line,
     worst_score,
+    written_line,
 )
 
 __all__ = ["html_report"]
@@ -213,6 +214,10 @@ def _verify_section(v: Verification, figures: _Figures) -> list[str]:
     task = task_line(v)
     if task:
         out.append(f"<p><strong>{_e(task[0].upper() + task[1:])}.</strong></p>")
+    written = written_line(v)
+    if written:  # the file itself, beside the emulation: in the verdict's colour where it fails
+        style = f" style='color:{FAIL_COLOUR}'" if v.written is not None and v.written.passed is False else ""
+        out.append(f"<p{style}>{_e(written[0].upper() + written[1:])}.</p>")
     note = constant_note(v)
     if note:
         out.append(f"<p><strong>Note</strong>: {_e(note)}.</p>")

@@ -53,6 +53,7 @@ __all__ = [
     "TaskVerdict",
     "TracePoint",
     "Verification",
+    "WrittenRun",
     "batch_json",
     "json_schema",
     "report_document",
@@ -330,6 +331,25 @@ class Latency(Record):
 
 
 @dataclass(frozen=True)
+class WrittenRun(Record):
+    """The written file itself, run on `provider` in a child process on every input set (issue
+    49), beside the candidate judged (often its emulation): its outputs against the reference's
+    by the same tolerance, and its `task` verdict where a task is judged. `ran`: it ran; else
+    `crashed` says how onnxruntime died ("signal 11 (SIGSEGV)") or `error` why it cannot run,
+    which on `provider` standing in for the `target` leaves the emulation's verdict (exit 4).
+    `passed` is None where it did not run."""
+
+    provider: str
+    target: str | None
+    ran: bool
+    crashed: str | None
+    error: str | None
+    outputs: tuple[OutputResult, ...]
+    passed: bool | None
+    task: TaskVerdict | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+
+
+@dataclass(frozen=True)
 class Verification(Record):
     """The drift report of one candidate against its reference (`verification.Verifier.verify`);
     the tolerances are per output name, "" the default."""
@@ -356,6 +376,16 @@ class Verification(Record):
     localize_trace: tuple[TracePoint, ...] | None
     latency: Latency | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     task: TaskVerdict | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    #: The written file's own run (`WrittenRun`): where its outputs fail, `passed` is False.
+    written: WrittenRun | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+
+    @property
+    def written_unproven(self) -> bool:
+        """The written file crashed onnxruntime on the provider that stands in for its target
+        here: the verdict is the emulation's alone, and the model's exit code 4. (One that
+        cannot run here, as a bf16 file on the CPU provider, leaves the emulation's verdict and
+        its exit code: the provider lacks it, which says nothing against the file.)"""
+        return self.written is not None and self.written.crashed is not None
 
     @property
     def constant_outputs(self) -> dict[str, float]:
@@ -484,7 +514,8 @@ class ModelResult:
             return EXIT_DRIFT
         if self.gate is not None and not self.gate.passed:
             return EXIT_LOW_GAIN
-        return EXIT_UNVERIFIED if self.unverified is not None else EXIT_OK
+        unproven = self.verify is not None and self.verify.written_unproven
+        return EXIT_UNVERIFIED if self.unverified is not None or unproven else EXIT_OK
 
     @property
     def _verify(self) -> Verification:

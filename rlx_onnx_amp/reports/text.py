@@ -11,7 +11,17 @@ from typing import Any
 from rlx_onnx_amp.cost import Cost, short_count
 from rlx_onnx_amp.errors import LINE_LIMIT, summarized
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.reports.record import Conversion, Failure, Localized, ModelResult, OutputResult, Repair, Verification
+from rlx_onnx_amp.reports.record import (
+    Conversion,
+    Failure,
+    Localized,
+    ModelResult,
+    OutputResult,
+    Repair,
+    TaskVerdict,
+    Verification,
+    WrittenRun,
+)
 from rlx_onnx_amp.rewrite.rules import REASON_CODES
 
 __all__ = [
@@ -31,6 +41,7 @@ __all__ = [
     "verify_markdown",
     "verify_table",
     "worst_score",
+    "written_line",
 ]
 
 PRECISION_COLUMNS = (*(p.value for p in Precision), "none")
@@ -272,14 +283,68 @@ def drift_rows(v: Verification) -> list[list[str]]:
 
 
 def failed_verdict(v: Verification) -> str:
-    """The one line `-q` prints for a failing verification: each failing output and its checks."""
-    if v.task is not None and v.task.judged:  # an output the task could not judge is judged element-wise
-        wise = {o.name: o.passed for o in v.outputs}
-        failed = [f"{t.output} ({t.task if t.not_judged is None else 'element-wise'})" for t in v.task.outputs
-                  if not (t.passed if t.not_judged is None else wise.get(t.output, False))]
-    else:
-        failed = [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in v.outputs if not o.passed]
+    """The one line `-q` prints for a failing verification: each failing output and its checks,
+    and the written file's own run where it fails."""
+    written = v.written if v.written is not None and v.written.passed is False else None
+    failed = _failed_outputs(v.task, v.outputs) if judged_passed(v) is False else []
+    if written is not None:
+        outputs = ", ".join(_failed_outputs(written.task, written.outputs))
+        failed.append(f"the written file on {written.provider}: {outputs}")
     return f"FAILED {v.candidate}: {'; '.join(failed) or 'no output compared'}"
+
+
+def _failed_outputs(task: TaskVerdict | None, outputs: Sequence[OutputResult]) -> list[str]:
+    if task is not None and task.judged:  # an output the task could not judge is judged element-wise
+        wise = {o.name: o.passed for o in outputs}
+        return [f"{t.output} ({t.task if t.not_judged is None else 'element-wise'})" for t in task.outputs
+                if not (t.passed if t.not_judged is None else wise.get(t.output, False))]
+    return [f"{o.name} ({', '.join(o.failed_checks or [])})" for o in outputs if not o.passed]
+
+
+def judged_passed(v: Verification) -> bool:
+    """The verdict on the candidate judged in the verifying process (often the emulation of the
+    written file), apart from the written file's own run (`Verification.written`)."""
+    if v.task is not None and v.task.judged:
+        return v.task.passed
+    return bool(v.outputs) and all(o.passed for o in v.outputs)
+
+
+#: What onnxruntime calls each provider, as a user knows it.
+PROVIDER_NAMES = {"cpu": "CPU", "cuda": "CUDA", "coreml": "CoreML"}
+
+
+def written_line(v: Verification) -> str | None:
+    """The written file's own run (issue 49) in one line: it crashed or cannot run here (the
+    verdict is then the emulation's), it fails (which run failed, and what that means), or it
+    passes too. None where it was not run."""
+    w = v.written
+    if w is None:
+        return None
+    name = PROVIDER_NAMES.get(w.provider, w.provider)
+    if w.crashed is not None:
+        died = w.crashed.replace(" (", ", ").rstrip(")")  # "signal 11, SIGSEGV": one pair of brackets
+        return (f"{v.candidate}: the written file crashes onnxruntime's {name} provider ({died}); the verdict is the "
+                "emulation's (exit 4)")
+    if not w.ran:
+        why = summarized(w.error or "unknown", 100)
+        return (f"{v.candidate}: the written file cannot run on onnxruntime's {name} provider; the verdict is the "
+                f"emulation's ({why})")
+    if w.passed:
+        return f"written file on {w.provider}: PASS (its own outputs, run as a user runs it, within the tolerance too)"
+    failed = [f"{o.name} FAIL {(o.failures or ('',))[-1]}" for o in w.outputs if not o.passed]
+    if w.task is not None:
+        failed = [f"{t.output} FAIL ({t.task})" for t in w.task.outputs if not t.passed] or failed
+    return f"written file on {w.provider}: {'; '.join(failed)} ({_written_meaning(v, w, name)})"
+
+
+def _written_meaning(v: Verification, w: WrittenRun, name: str) -> str:
+    """What a failing written run means beside the judged candidate's verdict."""
+    if not v.emulated:
+        return f"the file itself fails on {name}"
+    if not judged_passed(v):
+        return "the emulation fails as well"
+    return (f"onnxruntime's {name} kernels for {v.precision} differ from the emulation, which passes: the file is "
+            f"wrong for {name} users")
 
 
 def task_line(v: Verification) -> str | None:
@@ -363,6 +428,9 @@ def verify_table(v: Verification, verbose: bool = False) -> str:
     task = task_line(v)
     if task:
         lines.append(task)
+    written = written_line(v)
+    if written:
+        lines.append(written)
     note = constant_note(v)
     if note:
         lines.append(f"note: {note}")
@@ -507,6 +575,10 @@ def _verified_md(r: ModelResult) -> list[str]:
     task = task_line(v)
     if task:
         out += [task[0].upper() + task[1:] + ".", ""]
+    written = written_line(v)
+    if written:
+        bold = "**" if v.written is not None and v.written.passed is False else ""  # which run failed, at a glance
+        out += [f"{bold}{written[0].upper()}{written[1:]}.{bold}", ""]
     note = constant_note(v)
     if note:
         out += [f"> Note: {note}.", ""]
@@ -668,6 +740,10 @@ def next_step(results: Sequence[ModelResult]) -> str | None:
     None when every model passed."""
     for r in results:
         v, name = r.verify, Path(r.model).name  # the name keeps the line short; the path is above
+        w = v.written if v is not None else None
+        if v is not None and w is not None and w.passed is False and judged_passed(v) and v.emulated:
+            return (f"{name}: the written file fails on {w.provider}, its emulation passes: rlx-amp verify "
+                    "--no-emulate judges the file alone; --keep-f32-node NAME keeps a node f32")
         if v is not None and not v.passed:
             first = v.localized[0].node if v.localized else None
             if r.conversion is None:  # the verify command: the candidate is someone else's
@@ -679,6 +755,8 @@ def next_step(results: Sequence[ModelResult]) -> str | None:
             return f"{name}: add --repair (or --policy auto) to keep drifting nodes in f32; --localize names them"
         if r.gate is not None and not r.gate.passed:
             return f"{name}: --policy auto keeps the most compute low that passes the verdict"
+        if v is not None and v.written_unproven:
+            return f"{name}: verify the written file on its target's provider (--provider {w.target if w else ''})"
         if r.unverified is not None:
             give = r.unverified[r.unverified.find("give ") :] if "give " in r.unverified else ""
             return f"{name}: " + (give or "give its inputs with --inputs FILE.npz, or sizes with --shape NAME:DIMS")

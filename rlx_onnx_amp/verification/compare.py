@@ -17,11 +17,11 @@ from typing import Protocol
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
-from rlx_onnx_amp.errors import InputError, ModelRunError, first_line
+from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import ScratchDir
 from rlx_onnx_amp.precision import PRECISIONS, Precision, precision_of_elem_type
+from rlx_onnx_amp.sessions import OrtSession, providers_for
 from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, external_locations, is_external, narrow
 from rlx_onnx_amp.types import all_tensors
 from rlx_onnx_amp.verification.emulate import emulate, low_precision_values
@@ -56,33 +56,28 @@ _F32 = onnx.TensorProto.FLOAT
 
 
 class Session:
-    """An onnxruntime session on a model file. `external` maps external data locations the model
-    reads to files elsewhere: onnxruntime gets their contents from memory (mapped, not copied),
-    since it reads external data files only from the model's own directory."""
+    """An onnxruntime session on a model file (`sessions.OrtSession`), its feeds given the model's
+    input types. `external` maps external data locations the model reads to files elsewhere:
+    onnxruntime gets their contents from memory (mapped, not copied), since it reads external
+    data files only from the model's own directory. `role` says what the model is to this run
+    ("the input", "a candidate"), for a supervisor's notes."""
 
-    def __init__(self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None) -> None:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4  # fatal only: an error reaches the user as one line, from the exception
-        opts.intra_op_num_threads = session_thread_count()
-        # Prepacking copies every MatMul weight into the CPU kernels' layout when the session is
-        # created (5.7 s of a 3.4 GB model's 5.7 s start-up); a verification runs each model on a
-        # few input sets only, where unpacked weights, read from the mapped file, cost far less.
-        opts.add_session_config_entry("session.disable_prepacking", "1")
-        providers = ort_providers(provider)
-        buffers = [_map_file(path) for path in (external or {}).values()]
-        if buffers:
-            opts.add_external_initializers_from_files_in_memory(
-                list(external or {}), buffers, [len(b) for b in buffers]
-            )
+    def __init__(
+        self, model: str, provider: str, label: str, external: Mapping[str, Path] | None = None,
+        role: str | None = None,
+    ) -> None:
+        buffers = {location: _map_file(path) for location, path in (external or {}).items()}
         try:
-            self.session = ort.InferenceSession(model, opts, providers=providers)
-        except Exception as e:
-            raise ModelRunError(f"{label}: onnxruntime cannot load it on {provider} ({first_line(e, 400)})") from None
+            # Prepacking copies every MatMul weight into the CPU kernels' layout when the session is
+            # created (5.7 s of a 3.4 GB model's 5.7 s start-up); a verification runs each model on a
+            # few input sets only, where unpacked weights, read from the mapped file, cost far less.
+            self.ort = OrtSession(
+                model, PROVIDERS[provider], label, role=role, shown=provider, threads=session_thread_count(),
+                prepacking=False, external=buffers,
+            )
         finally:
             del buffers
-        used = self.session.get_providers()
-        if used[0] != PROVIDERS[provider]:
-            raise InputError(f"{label}: onnxruntime fell back to {used[0]} instead of {PROVIDERS[provider]}")
+        self.session = self.ort.session  # onnxruntime's own, for what it tells (its providers, its options)
         self.label = label
         self.inputs = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -90,21 +85,17 @@ class Session:
     def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         typed = {k: _as_input_type(v, self.inputs.get(k, "")) for k, v in feeds.items() if k in self.inputs}
         names = list(names or self.output_names)
-        try:
-            values = self.session.run(names, typed)
-        except Exception as e:
-            raise ModelRunError(f"{self.label}: onnxruntime cannot run it ({first_line(e, 400)})") from None
-        return dict(zip(names, values))
+        return dict(zip(names, self.ort.run(names, typed)))
 
 
 def ort_providers(provider: str) -> list[str]:
     """onnxruntime's providers for a session on `provider`: it, with the CPU provider behind it."""
-    return [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+    return providers_for(PROVIDERS[provider])
 
 
 def _cannot_fall_back(provider: str) -> bool:
     """Whether a session on `provider` runs on it or not at all (no provider behind it to fall
-    back to, which `Session` refuses and a child's `measure_latency` does not check)."""
+    back to, which `sessions.OrtSession` refuses)."""
     return len(ort_providers(provider)) == 1
 
 
@@ -354,7 +345,7 @@ def open_compared(
         if reason is not None and ran and cand_path is not None and _cannot_fall_back(provider):
             pass  # emulated: the file that ran already is not loaded again only to be dropped
         elif cand_path is not None:
-            session = Session(str(cand_path), provider, label)
+            session = Session(str(cand_path), provider, label, role="a candidate")
         else:
             session = scratch.session(cand_model, ref_dir, provider, label)
         loaded = True

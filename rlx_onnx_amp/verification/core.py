@@ -25,9 +25,17 @@ from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.child import ChildCrashed, Pending, child_event, start_in_child
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
-from rlx_onnx_amp.reports.record import Latency, Localized, OutputResult, TaskVerdict, TracePoint, Verification
+from rlx_onnx_amp.reports.record import (
+    Latency,
+    Localized,
+    OutputResult,
+    TaskVerdict,
+    TracePoint,
+    Verification,
+    WrittenRun,
+)
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.timing import TimedRun, measure_latency, time_written_model
+from rlx_onnx_amp.timing import TimedRun, WrittenAnswer, measure_latency, time_written_model
 from rlx_onnx_amp.verification.compare import (
     Compared,
     Progress,
@@ -36,7 +44,6 @@ from rlx_onnx_amp.verification.compare import (
     VerifyOptions,
     emulated_without_loading,
     open_compared,
-    ort_providers,
     run_each,
     session_thread_count,
     typed_feeds,
@@ -45,6 +52,7 @@ from rlx_onnx_amp.verification.generate import Generator, Steps, decode, find_ge
 from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
 from rlx_onnx_amp.verification.metrics import compare_arrays
+from rlx_onnx_amp.verification.options import PROVIDERS
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
 from rlx_onnx_amp.verification.task import Task, choose_task, judge_task
 
@@ -221,7 +229,7 @@ class Verifier:
         _check_interfaces(ref.model, cand_model, ref.path, Path(cand_label))
         if options.save_inputs:
             self._save_inputs(options.save_inputs, cand_path, outputs)
-        cand_ms, cand_error, judgement = _run_and_judge(self, cand_model, cand_path, cand_label, progress)
+        cand_ms, cand_error, judgement, written = _run_and_judge(self, cand_model, cand_path, cand_label, progress)
         localized = None
         trace: list[TracePoint] | None = None
         if options.localize:
@@ -247,12 +255,13 @@ class Verifier:
             seed=options.spec.seed,
             samples=len(ref.samples),
             inputs={k: list(v.shape) for k, v in ref.samples[0].items()},
-            passed=judgement.passed,
+            passed=judgement.passed and written.passed is not False,  # the written file's outputs fail too
             outputs=tuple(judgement.drifts),
             localized=localized,
             localize_trace=tuple(trace) if trace is not None else None,
             latency=latency,
             task=judgement.task,
+            written=written,
         )
 
     def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:
@@ -263,7 +272,7 @@ class Verifier:
         ref_ms = None
         if runs:
             try:
-                ref_ms = measure_latency(_timed_run(ref, ref.path, runs, str(ref.path)),
+                ref_ms = measure_latency(_timed_run(ref, ref.path, runs, str(ref.path), "the input"),
                                          typed_feeds(ref.model, ref.samples[0]))
             except ModelRunError as e:
                 notes.append(str(e))
@@ -292,23 +301,26 @@ OVERLAP_MAX_BYTES = 512 * 2**20
 
 def _run_and_judge(
     verifier: Verifier, model: onnx.ModelProto, path: Path, label: str, progress: Progress | None
-) -> tuple[float | None, str | None, Judgement]:
-    """The written file run once (and timed) in a child process before any verdict (an
-    onnxruntime crash there is this run's exit 3, not its end), and the candidate judged. Where
-    the judgement is an emulation that does not load the file in this process and the weights
-    are small, the two run at the same time: onnxruntime's CPU session on an f16 graph is what
-    grows fastest with a graph's size (docs/benchmarks.md); the child's timed runs wait until
-    the judgement is done, so that they do not share the CPUs with it."""
+) -> tuple[float | None, str | None, Judgement, WrittenRun]:
+    """The written file run (and timed) in a child process before any verdict (an onnxruntime
+    crash there is this run's exit 3, not its end), and the candidate judged; the written file's
+    own outputs on every input set are judged as well (`WrittenRun`). Where the judgement is an
+    emulation that does not load the file in this process and the weights are small, the two run
+    at the same time: onnxruntime's CPU session on an f16 graph is what grows fastest with a
+    graph's size (docs/benchmarks.md); the child's timed runs wait until the judgement is done,
+    so that they do not share the CPUs with it."""
     ref, options = verifier.reference, verifier.options
-    args = (time_written_model, _timed_run(ref, path, options.latency_runs, label), typed_feeds(model, ref.samples[0]))
+    sets = [typed_feeds(model, feeds) for feeds in ref.samples]
+    args = (time_written_model, _timed_run(ref, path, options.latency_runs, label), sets, ref.output_names)
     overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
         tensor_nbytes(t) for t in model.graph.initializer
     ) <= OVERLAP_MAX_BYTES
     if not overlap:
         with start_in_child(*args) as pending:
-            ms, error = _written_answer(pending, verifier, label)
-        judged = verifier.judge(model, path, label=label, progress=progress, cannot_run=error, ran=error is None)
-        return ms, error, judged
+            answer, crashed = _written_answer(pending, verifier, label)
+        judged = verifier.judge(model, path, label=label, progress=progress, cannot_run=answer.error,
+                                ran=answer.error is None)
+        return answer.ms, answer.error, judged, _written_run(verifier, answer, crashed, judged)
     go = child_event()
     with start_in_child(*args, go) as pending:  # a stop (^C, SIGTERM) leaves it: the child is killed
         try:
@@ -318,34 +330,62 @@ def _run_and_judge(
             _written_answer(pending, verifier, label)
             raise
         go.set()
-        ms, error = _written_answer(pending, verifier, label)
-    if error is not None:  # it cannot run on the provider that stands in for the target
-        judgement.compared.could_not_load(ref.provider, error)
-    return ms, error, judgement
+        answer, crashed = _written_answer(pending, verifier, label)
+    if answer.error is not None:  # it cannot run on the provider that stands in for the target
+        judgement.compared.could_not_load(ref.provider, answer.error)
+    return answer.ms, answer.error, judgement, _written_run(verifier, answer, crashed, judgement)
 
 
-def _timed_run(ref: Reference, path: Path, runs: int, label: str) -> TimedRun:
+def _timed_run(ref: Reference, path: Path, runs: int, label: str, role: str = "the written file") -> TimedRun:
     """The model file at `path` timed on the reference's provider, with this process's intra-op
     threads (a --jobs worker's share of the CPUs, in a child process too)."""
-    return TimedRun(str(path), ref.provider, tuple(ort_providers(ref.provider)), runs, label, session_thread_count())
+    return TimedRun(str(path), ref.provider, PROVIDERS[ref.provider], runs, label, session_thread_count(), role)
 
 
 def _written_answer(
-    pending: Pending[tuple[float | None, str | None]], verifier: Verifier, label: str
-) -> tuple[float | None, str | None]:
-    """The written file's run (`timing.time_written_model`): its milliseconds, and why it cannot
-    run where it cannot (a stand-in provider's). It cannot run on the provider it is meant for:
-    ModelRunError, exit 3."""
+    pending: Pending[WrittenAnswer], verifier: Verifier, label: str
+) -> tuple[WrittenAnswer, str | None]:
+    """The written file's run (`timing.time_written_model`): its outputs and milliseconds, or why
+    it cannot run where it cannot (a stand-in provider's), and how onnxruntime died where it
+    crashed. It cannot run on the provider it is meant for: ModelRunError, exit 3."""
     provider, target = verifier.reference.provider, verifier.options.target
+    crashed = None
     try:
-        ms, error = pending.result()
+        answer = pending.result()
     except ChildCrashed as e:
-        ms, error = None, f"{label}: onnxruntime crashed running it on {provider}: {e}"
-    if error is not None and (target is None or target == provider):
-        raise ModelRunError(f"{error}; a model that cannot run is never passed")
-    if error is not None:
-        logger.info("%s; %s only stands in for the %s target here", error, provider, target)
-    return ms, error
+        crashed = e.died_of
+        answer = WrittenAnswer(None, None, f"{label}: onnxruntime crashed running it on {provider}: {e}")
+    if answer.error is not None and (target is None or target == provider):
+        raise ModelRunError(f"{answer.error}; a model that cannot run is never passed")
+    if answer.error is not None:
+        logger.info("%s; %s only stands in for the %s target here", answer.error, provider, target)
+    return answer, crashed
+
+
+def _written_run(verifier: Verifier, answer: WrittenAnswer, crashed: str | None, judgement: Judgement) -> WrittenRun:
+    """The written file's outputs (`answer`) judged against the reference's by the tolerance the
+    candidate was judged by, and by its task where one is judged (`generate`: the first step's
+    greedy token per row, as `classify` judges it)."""
+    ref, options = verifier.reference, verifier.options
+    if answer.outputs is None:
+        return WrittenRun(ref.provider, options.target, False, crashed, answer.error, (), None)
+    pairs = _paired(ref.runs, answer.outputs, ref.output_names)
+    precision = judgement.compared.precision
+    tolerances = {name: options.tolerance.for_output(name, precision) for name in pairs}
+    drifts = sorted((compare_arrays(name, r, c, tolerances[name]) for name, (r, c) in pairs.items()),
+                    key=lambda o: (o.passed, o.name))
+    verdict: TaskVerdict | None = None
+    if verifier._chosen is not None:
+        task, named, chosen_by = verifier._chosen
+        if task is Task.DETECT:
+            result = judge_detection(named, ref.runs, answer.outputs, tolerances[named[0]])
+            verdict = TaskVerdict(task.value, chosen_by, result.passed, (result,))
+        else:
+            judged_as = Task.CLASSIFY if task is Task.GENERATE else task
+            by_name = {d.name: d for d in drifts}
+            verdict = judge_task(judged_as, chosen_by, {n: pairs[n] for n in named}, tolerances, by_name)
+    passed = verdict.passed if verdict is not None else bool(drifts) and all(d.passed for d in drifts)
+    return WrittenRun(ref.provider, options.target, True, None, None, tuple(drifts), passed, verdict)
 
 
 def verify(

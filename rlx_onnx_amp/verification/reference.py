@@ -99,7 +99,7 @@ def prepare_reference(
         if screen:
             _screened_run(reference, progress, choosing_sets(len(samples)) if held_out else len(samples))
         else:
-            session = Session(str(ref_path), provider, str(ref_path))
+            session = Session(str(ref_path), provider, str(ref_path), role="the input")
             reference.providers_used = session.session.get_providers()
             reference.runs = run_each(session, samples, outputs, progress, "running the reference")
     except ModelRunError as e:
@@ -144,7 +144,7 @@ def _screened_run(reference: Reference, progress: Progress | None, screened: int
             return
     logger.info("screening failed; running the reference alone")
     try:
-        session = Session(str(reference.path), reference.provider, str(reference.path))
+        session = Session(str(reference.path), reference.provider, str(reference.path), role="the input")
     except ModelRunError:
         raise last or ModelRunError(f"{reference.path}: onnxruntime cannot run it") from None
     reference.providers_used = session.session.get_providers()
