@@ -203,7 +203,10 @@ class ConvertJob:
         if reference is not None:
             # The MACs are counted at the shapes the verification runs (`--shape` first).
             options = dataclasses.replace(
-                options, value_ranges=reference.value_ranges, shapes={**reference.shapes(), **options.shapes}
+                options,
+                value_ranges=reference.value_ranges,
+                shapes={**reference.shapes(), **options.shapes},
+                value_shapes=reference.value_shapes,
             )
         lines.begin("converting")
         with Progress(f"converting {Path(src).name}", enabled=not s.quiet) as progress:

@@ -529,7 +529,12 @@ def _repair(
         reference = full.reference
         # The MACs are counted at the shapes the run uses.
         ranges = reference.value_ranges or options.value_ranges
-        options = dataclasses.replace(options, shapes={**reference.shapes(), **options.shapes}, value_ranges=ranges)
+        options = dataclasses.replace(
+            options,
+            shapes={**reference.shapes(), **options.shapes},
+            value_ranges=ranges,
+            value_shapes=reference.value_shapes,
+        )
         choosing, confirming, held_out = full, full, None
         if resolved.searches and len(reference.samples) >= 2:
             # `auto` with several input sets: the first half steers the search, the rest confirm it.
