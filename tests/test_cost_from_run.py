@@ -11,12 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-from fixtures.quantized import WIDTH, write_symbolic_q4
+from fixtures.quantized import WIDTH, contrib_gelu_mlp, write_symbolic_q4
 from rlx_onnx_amp.cost import estimate_cost, run_values
 from rlx_onnx_amp.exits import EXIT_LOW_GAIN
 
@@ -24,31 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BATCH = 4
 
 
-def _gelu_mlp() -> onnx.ModelProto:
-    """x (symbolic batch, 512) -> com.microsoft Gelu -> MatMul(512x256) -> Relu -> MatMul(256x128):
-    onnx's inference stops at the contrib op."""
-    rng = np.random.default_rng(51)
-    w1 = (rng.standard_normal((512, 256)) * 0.05).astype(np.float32)
-    w2 = (rng.standard_normal((256, 128)) * 0.05).astype(np.float32)
-    return helper.make_model(
-        helper.make_graph(
-            [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", name="gelu"),
-             helper.make_node("MatMul", ["g", "w1"], ["h"], name="fc1"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")],
-            "gelu_mlp",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 128])],
-            [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-        ),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-    )
-
-
 #: name -> (writer, policy, MACs at batch 4, the class they run in, Compute nodes).
 CASES = {
     "q4_mlp": (write_symbolic_q4, "auto-mixed", BATCH * WIDTH * WIDTH * 3, "int4", 3),
-    "gelu_mlp": (lambda p: onnx.save(_gelu_mlp(), str(p)), "always-f16", BATCH * (512 * 256 + 256 * 128), "f16", 2),
+    "gelu_mlp": (lambda p: onnx.save(contrib_gelu_mlp(), str(p)), "always-f16", BATCH * (512 * 256 + 256 * 128), "f16", 2),
 }
 
 
@@ -95,7 +72,7 @@ def test_without_a_run_the_gaps_are_counted_and_gate_the_exit(tmp_path: Path) ->
 
 def test_the_run_shapes_are_used_only_at_the_input_shapes_they_were_seen_at() -> None:
     """Shapes seen at another batch than the one counted at would mix two sizes: unused."""
-    model = _gelu_mlp()
+    model = contrib_gelu_mlp()
     seen = {"x": (2, 512), "g": (2, 512), "h": (2, 256), "r": (2, 256), "y": (2, 128)}
     assert set(run_values(model)) == {"g", "h", "r", "y"}
     at_run = estimate_cost(model, {"x": [2, 512]}, seen)
