@@ -51,6 +51,7 @@ __all__ = [
     "QUANTIZED_COMPUTE",
     "Cost",
     "estimate_cost",
+    "no_gain",
     "policy_hint",
     "run_values",
     "short_count",
@@ -371,6 +372,25 @@ def policy_hint(cost: Cost, casts_inserted: int, policy: str) -> str | None:
             "Casts; for speed try --policy auto"
         )
     return None
+
+
+#: `auto` searches only where the f32 MACs a conversion could lower are at least this share.
+NO_GAIN_SHARE = 0.01
+
+
+def no_gain(cost: Cost) -> str | None:
+    """Why an f16 search cannot gain on a model of this cost (its f32 MACs none or under
+    `NO_GAIN_SHARE` of them all, every MAC known: an int8 or int4 model is as low as it goes),
+    or None where it can or the MACs are not all known."""
+    if not cost.macs or cost.unknown_macs_nodes:
+        return None
+    f32 = cost.macs_by_precision["f32"]
+    if f32 >= NO_GAIN_SHARE * cost.macs:
+        return None
+    low = {cls: n for cls, n in cost.macs_by_precision.items() if cls != "f32" and n}
+    classes = "/".join(sorted(low, key=lambda c: -low[c]))
+    share = 1 - f32 / cost.macs
+    return f"{share:.1%} of MACs are {classes} already; no f16 search"
 
 
 def short_count(n: float) -> str:
