@@ -1,7 +1,13 @@
 """What a conversion buys: a cost model from shapes, in every conversion report.
 
 From a converted model and concrete input shapes (`--shape`, else the verifier's defaults:
-symbolic first axis 1, other symbolic axes `types.DEFAULT_DIM`), by onnx shape inference:
+symbolic first axis 1, other symbolic axes `types.DEFAULT_DIM`). Where the model ran (the
+reference run and its range screen, `verification.reference`), the shapes are those onnxruntime
+produced for every value the cost model reads (`run_values`; `ConvertOptions.value_shapes`), so
+no inference is needed and no optional dependency matters. Only what the run did not see (the
+model did not run: `--no-verify`, `inspect`; values inside control-flow bodies) comes from onnx's
+shape inference, then, where `sympy` is installed, onnxruntime's symbolic inference (which knows
+the contrib ops onnx's does not):
 
 - multiply-accumulates of the Compute ops (`MAC_FORMULAS`: MatMul, Gemm, Conv, ConvTranspose,
   Einsum, attention ops, the recurrent ones, and the quantized ones), per precision class
@@ -18,8 +24,9 @@ symbolic first axis 1, other symbolic axes `types.DEFAULT_DIM`), by onnx shape i
 - precision islands: groups of low-precision nodes connected by low-precision values, each
   entered and left through Casts.
 
-Nodes whose shapes inference cannot give (an unknown op upstream, a data-dependent length)
-are counted in `unknown_macs_nodes` / `unknown_cast_nodes`, never guessed.
+Nodes whose shapes neither the run nor inference gives (an unknown op upstream, a
+data-dependent length) are counted in `unknown_macs_nodes` / `unknown_cast_nodes`, never
+guessed; `run_shaped_nodes` says how many Compute nodes were counted at the run's shapes.
 """
 
 from __future__ import annotations
@@ -36,9 +43,19 @@ from rlx_onnx_amp.errors import first_line
 from rlx_onnx_amp.precision import FLOAT_TYPES, Precision, precision_of_elem_type
 from rlx_onnx_amp.taxonomy import DEQUANTIZE_STEPS, canonical_domain
 from rlx_onnx_amp.tensors import tensor_nbytes
-from rlx_onnx_amp.types import all_graphs, all_tensors, concrete_input_shape, structure_copy
+from rlx_onnx_amp.types import all_graphs, all_tensors, concrete_input_shape, schema_types, structure_copy
 
-__all__ = ["MAC_CLASSES", "MAC_FORMULAS", "QUANTIZED_COMPUTE", "Cost", "estimate_cost", "policy_hint", "short_count"]
+__all__ = [
+    "MAC_CLASSES",
+    "MAC_FORMULAS",
+    "QUANTIZED_COMPUTE",
+    "Cost",
+    "estimate_cost",
+    "no_gain",
+    "policy_hint",
+    "run_values",
+    "short_count",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +268,8 @@ class Cost:
     macs_low: int = 0  # those in any class but f32 (quantized compute included)
     #: MACs per precision class (`MAC_CLASSES`), every class present.
     macs_by_precision: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MAC_CLASSES, 0))
-    unknown_macs_nodes: int = 0  # Compute nodes whose shapes inference could not give
+    unknown_macs_nodes: int = 0  # Compute nodes whose shapes neither the run nor inference gave
+    run_shaped_nodes: int = 0  # Compute nodes counted at the shapes the reference run produced
     weight_elements: int = 0  # float weight elements (initializers and Constant values)
     weight_elements_low: int = 0
     #: Weight bytes per precision class: float initializers and Constant values by their type,
@@ -283,6 +301,7 @@ class Cost:
             "mac_low_share": self.mac_low_share,
             "macs_by_precision": self.macs_by_precision,
             "unknown_macs_nodes": self.unknown_macs_nodes,
+            "run_shaped_nodes": self.run_shaped_nodes,
             "weight_elements": self.weight_elements,
             "weight_elements_low": self.weight_elements_low,
             "weight_low_share": self.weight_low_share,
@@ -319,7 +338,12 @@ class Cost:
     def from_json(cls, data: Mapping[str, Any]) -> Cost:
         """The figures `to_json` wrote (a report's `cost`); the shares follow from them."""
         # Reports written before the precision classes: every MAC and weight byte uncounted there.
-        empty = {"macs_by_precision": dict.fromkeys(MAC_CLASSES, 0), "weight_bytes": dict.fromkeys(MAC_CLASSES, 0)}
+        # Reports written before shapes came from the run: none did.
+        empty = {
+            "macs_by_precision": dict.fromkeys(MAC_CLASSES, 0),
+            "weight_bytes": dict.fromkeys(MAC_CLASSES, 0),
+            "run_shaped_nodes": 0,
+        }
         return cls(**{f.name: data.get(f.name, empty.get(f.name)) for f in fields(cls)})
 
 
@@ -348,6 +372,25 @@ def policy_hint(cost: Cost, casts_inserted: int, policy: str) -> str | None:
             "Casts; for speed try --policy auto"
         )
     return None
+
+
+#: `auto` searches only where the f32 MACs a conversion could lower are at least this share.
+NO_GAIN_SHARE = 0.01
+
+
+def no_gain(cost: Cost) -> str | None:
+    """Why an f16 search cannot gain on a model of this cost (its f32 MACs none or under
+    `NO_GAIN_SHARE` of them all, every MAC known: an int8 or int4 model is as low as it goes),
+    or None where it can or the MACs are not all known."""
+    if not cost.macs or cost.unknown_macs_nodes:
+        return None
+    f32 = cost.macs_by_precision["f32"]
+    if f32 >= NO_GAIN_SHARE * cost.macs:
+        return None
+    low = {cls: n for cls, n in cost.macs_by_precision.items() if cls != "f32" and n}
+    classes = "/".join(sorted(low, key=lambda c: -low[c]))
+    share = 1 - f32 / cost.macs
+    return f"{share:.1%} of MACs are {classes} already; no f16 search"
 
 
 def short_count(n: float) -> str:
@@ -428,31 +471,61 @@ def _inferred(model: onnx.ModelProto, input_shapes: Mapping[str, list[int]]) -> 
     return light, declared
 
 
-def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None) -> Cost:
-    """The cost figures of `model` (converted, or a dry run whose initializers carry their new
-    element types) for concrete input `shapes` (symbolic axes not named get the verifier's
-    defaults). Never raises on a model shape inference cannot follow: what it cannot see is
-    counted as unknown."""
-    cost = Cost(input_shapes=_concrete_inputs(model, shapes or {}))
-    light, declared = _inferred(model, cost.input_shapes)
-    graphs = all_graphs(model.graph)
-    counted = [
+def _counted(graphs: Sequence[onnx.GraphProto]) -> list[onnx.NodeProto]:
+    """The nodes the cost model counts: Compute nodes and Casts."""
+    return [
         node
         for graph in graphs
         for node in graph.node
         if node.op_type == "Cast" or (canonical_domain(node.domain), node.op_type) in MAC_FORMULAS
     ]
+
+
+def run_values(model: onnx.ModelProto) -> list[str]:
+    """The main-graph values whose shapes the cost model reads (the inputs and outputs of its
+    Compute nodes and Casts, any element type), less the initializers and graph inputs, whose
+    shapes are known without a run: what a reference run surfaces for `ConvertOptions.value_shapes`."""
+    graph = model.graph
+    given = {t.name for t in graph.initializer} | {vi.name for vi in graph.input}
+    names = (name for node in _counted([graph]) for name in (*node.input, *node.output))
+    return list(dict.fromkeys(n for n in names if n and n not in given))
+
+
+def estimate_cost(
+    model: onnx.ModelProto,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seen: Mapping[str, Sequence[int]] | None = None,
+) -> Cost:
+    """The cost figures of `model` (converted, or a dry run whose initializers carry their new
+    element types) for concrete input `shapes` (symbolic axes not named get the verifier's
+    defaults). `seen`: value name -> the shape a run of the reference at those input shapes
+    produced (`ConvertOptions.value_shapes`); inference fills in only what it lacks. Never
+    raises on a model shape inference cannot follow: what it cannot see is counted as unknown."""
+    cost = Cost(input_shapes=_concrete_inputs(model, shapes or {}))
+    graphs = all_graphs(model.graph)
+    counted = _counted(graphs)
     wanted = {name for node in counted for name in (*node.input, *node.output)}
-    known, types = _value_facts(all_graphs(light.graph), wanted)
-    if any(o and o not in known for n in counted if n.op_type != "Cast" for o in n.output[:1]):
+    # The element types (and the shapes the run did not see) from onnx's inference.
+    light, declared = _inferred(model, cost.input_shapes)
+    inferred, types = _value_facts(all_graphs(light.graph), wanted)
+    from_run = _run_shapes(model, cost.input_shapes, seen or {}, wanted)
+    known = {**inferred, **from_run}
+    if _missing(counted, known):
         # onnx's inference stops at ops it has no function for (onnxruntime's contrib ops:
-        # MatMulNBits, the fused attention); onnxruntime's symbolic inference knows them.
+        # MatMulNBits, the fused attention); onnxruntime's symbolic inference knows them,
+        # where sympy is installed (not a dependency: a run's shapes need neither).
         symbolic = _symbolic_shapes(light)
         if symbolic is not None:
             more, _ = _value_facts(all_graphs(symbolic.graph), wanted)
             known = {**more, **known}
     for name, elem in declared.items():
         types.setdefault(name, elem)
+    if any(o and not types.get(o) for node in counted for o in node.output[:1]):
+        # Past an op onnx's inference has no function for (a contrib op), op schemas still type
+        # the values: an f16 MatMul after com.microsoft Gelu is f16.
+        for name, elem in ((schema_types(model) or {}).get("", {})).items():
+            if not types.get(name):
+                types[name] = elem
     quantized = _quantized_weights(graphs, types)
     for t in all_tensors(model):
         if t.data_type in FLOAT_TYPES:
@@ -464,9 +537,38 @@ def estimate_cost(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | 
             cost.weight_bytes[quantized[t.name]] += tensor_nbytes(t)
     producers = {o: node for graph in graphs for node in graph.node for o in node.output}
     for node in counted:
-        _count_node(node, known, types, cost, producers)
+        if _count_node(node, known, types, cost, producers) and node.output[0] in from_run:
+            cost.run_shaped_nodes += 1
     cost.islands = _islands([(n.op_type, list(n.input), list(n.output)) for n in model.graph.node], types)
     return cost
+
+
+def _missing(counted: Sequence[onnx.NodeProto], known: Mapping[str, Shape]) -> bool:
+    """Whether a Compute node's first output has no known shape (inference may give it)."""
+    return any(o and o not in known for n in counted if n.op_type != "Cast" for o in n.output[:1])
+
+
+def _run_shapes(
+    model: onnx.ModelProto, inputs: Mapping[str, list[int]], seen: Mapping[str, Sequence[int]], wanted: set[str]
+) -> dict[str, Shape]:
+    """The `wanted` shapes of `seen` (a run's), carried across the Casts a conversion inserts
+    (a Cast's output has its input's shape), or none when the run's input shapes are not those
+    counted at (`--shape` naming other sizes than a `--inputs` file holds)."""
+    if not seen:
+        return {}
+    if any(name in seen and tuple(seen[name]) != tuple(dims) for name, dims in inputs.items()):
+        logger.info("cost: the run's input shapes are not those counted at; its value shapes go unused")
+        return {}
+    known = {name: tuple(int(d) for d in dims) for name, dims in seen.items()}
+    casts = [n for n in model.graph.node if n.op_type == "Cast" and n.input and n.output]
+    for order in (casts, casts[::-1]):  # forward, then back: chains of inserted Casts either way
+        for node in order:
+            src, dst = node.input[0], node.output[0]
+            if src in known and dst not in known:
+                known[dst] = known[src]
+            elif dst in known and src not in known:
+                known[src] = known[dst]
+    return {name: shape for name, shape in known.items() if name in wanted}
 
 
 def _float_class(elem: int | None) -> str:
@@ -541,28 +643,31 @@ def _count_node(
     types: Mapping[str, int],
     cost: Cost,
     producers: Mapping[str, onnx.NodeProto],
-) -> None:
+) -> bool:
+    """Add `node`'s figures to `cost`; whether it is a Compute node whose MACs were counted."""
     domain = canonical_domain(node.domain)
     formula = MAC_FORMULAS.get((domain, node.op_type))
     if formula is not None:
         macs = formula(node, [known.get(i) if i else None for i in node.input], [known.get(o) for o in node.output])
         if macs is None:
             cost.unknown_macs_nodes += 1
-        else:
-            cls = _mac_class(node, types, producers)
-            cost.macs += macs
-            cost.macs_by_precision[cls] += macs
-            cost.macs_low += macs if cls != "f32" else 0
-    elif node.op_type == "Cast" and domain == "":
+            return False
+        cls = _mac_class(node, types, producers)
+        cost.macs += macs
+        cost.macs_by_precision[cls] += macs
+        cost.macs_low += macs if cls != "f32" else 0
+        return True
+    if node.op_type == "Cast" and domain == "":
         src, dst = types.get(node.input[0]), types.get(node.output[0])
         if src in FLOAT_TYPES and dst in FLOAT_TYPES:
             cost.casts += 1
             shape = known.get(node.output[0]) or known.get(node.input[0])
             if shape is None:
                 cost.unknown_cast_nodes += 1
-                return
+                return False
             sizes = [precision_of_elem_type(t).info.np_dtype.itemsize for t in (src, dst)]  # type: ignore[union-attr]
             cost.cast_bytes += _numel(shape) * sum(sizes)
+    return False
 
 
 def _islands(nodes: Sequence[tuple[str, list[str], list[str]]], types: Mapping[str, int]) -> int:

@@ -446,7 +446,10 @@ def with_reference(options: ConvertOptions, reference: Reference | None) -> Conv
     if reference is None:
         return options
     return dataclasses.replace(
-        options, value_ranges=reference.value_ranges, shapes={**reference.shapes(), **options.shapes}
+        options,
+        value_ranges=reference.value_ranges,
+        shapes={**reference.shapes(), **options.shapes},
+        value_shapes=reference.value_shapes,  # the MACs from the shapes the run saw
     )
 
 

@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.api import load_model, resolve_policy, stage_conversion
+from rlx_onnx_amp.cost import estimate_cost, no_gain
 from rlx_onnx_amp.errors import ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
 from rlx_onnx_amp.policy import Policy
@@ -502,6 +504,7 @@ class _Found:
     chosen: Evaluation
     minimality: str
     keepable: dict[str, tuple[str, str]]
+    stopped: str | None = None  # why `auto` stopped early (`Repair.stopped`)
 
 
 def _repair(
@@ -516,6 +519,7 @@ def _repair(
     outputs: OutputSet,
     paths: RunPaths,
 ) -> tuple[Conversion, Verification, Repair]:
+    started = time.monotonic()
     with contextlib.ExitStack() as stack:
         # `auto` starts where the plain command ends: the range screen of the same reference run
         # keeps what the low type cannot hold (rule range-screen) before the first evaluation.
@@ -529,7 +533,12 @@ def _repair(
         reference = full.reference
         # The MACs are counted at the shapes the run uses.
         ranges = reference.value_ranges or options.value_ranges
-        options = dataclasses.replace(options, shapes={**reference.shapes(), **options.shapes}, value_ranges=ranges)
+        options = dataclasses.replace(
+            options,
+            shapes={**reference.shapes(), **options.shapes},
+            value_ranges=ranges,
+            value_shapes=reference.value_shapes,
+        )
         choosing, confirming, held_out = full, full, None
         if resolved.searches and len(reference.samples) >= 2:
             # `auto` with several input sets: the first half steers the search, the rest confirm it.
@@ -563,11 +572,16 @@ def _repair(
         kept_f32=kept,
         compute_low_share=compute_share,
         weight_low_share=weight_share,
-        best=RepairBest(chosen.index, chosen.stage, chosen.score, len(chosen.keep)),
+        best=RepairBest(chosen.index, chosen.stage, chosen.score, len(chosen.keep)) if search.history else None,
         minimality=found.minimality,
         history=tuple(e.step(written=e.index == chosen.index) for e in search.history),
         held_out=confirmed,
+        budget=budget,
+        seconds=round(time.monotonic() - started, 3),
+        stopped=found.stopped,
     )
+    if found.stopped:
+        logger.info("auto: %s", found.stopped)
     return conversion, verified, result
 
 
@@ -579,7 +593,13 @@ def _sets(reference: Reference, which: slice) -> Reference:
 def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
     """The search (module docstring): the policy's conversion, the magnitude screen, then
     localization and bisection until a candidate passes, then minimization; for `auto`, the
-    low islands that run no compute kept f32 last (`cast_cost_keeps`)."""
+    low islands that run no compute kept f32 last (`cast_cost_keeps`). `auto` stops early where
+    it cannot gain (`_stop_before`) or the first evaluations pass only f32 (`_only_f32`)."""
+    stopped = _stop_before(ev)
+    if stopped is not None:
+        keepable = dict(ev.conversion_of({}).index.keepable)
+        return _Found(Evaluation(0, "no gain", dict.fromkeys(keepable, "no gain"), True, 0.0), "not checked",
+                      keepable, stopped)
     current = search.step("policy", {})
     assert search.report is not None and ev.judgement is not None and ev.candidate is not None
     keepable = dict(search.report.index.keepable)  # what the policy lowered and a keep can give back
@@ -610,6 +630,9 @@ def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
             break
         current = last
     minimality = "not checked"
+    stopped = _only_f32(ev, search, keepable)
+    if stopped is not None:
+        return _Found(search.best, minimality, keepable, stopped)
     if search.best.passed and search.left >= 1:
         compute = {p for p, (_, op) in keepable.items() if kind_of(*_split(op)) is OpKind.COMPUTE}
         minimality = search.minimize(search.best, screen.consumers_only, compute)
@@ -620,6 +643,27 @@ def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
             trial = search.step(f"cast cost: {len(islands)} nodes", {**chosen.keep, **islands})
             chosen = trial if trial.passed else chosen
     return _Found(chosen, minimality, keepable)
+
+
+def _stop_before(ev: _Evaluator) -> str | None:
+    """Why `auto` need not search at all: the low compute it could add is none or negligible
+    (`cost.no_gain`), counted at the reference run's shapes; it writes the model f32."""
+    if not ev.policy.searches:
+        return None
+    return no_gain(estimate_cost(ev.model, ev.options.shapes, ev.options.value_shapes))
+
+
+def _only_f32(ev: _Evaluator, search: _Search, keepable: Mapping[str, tuple[str, str]]) -> str | None:
+    """Why `auto` stops before minimizing: the policy's conversion failed, both halves of what
+    it lowered failed, and only the whole kept f32 passed; giving back smaller chunks of it
+    would spend the rest of the budget on candidates that fail as the halves did."""
+    best = search.best
+    if not ev.policy.searches or not best.passed or not keepable or set(keepable) - set(best.keep):
+        return None
+    halves = [e for e in search.history if e.stage.startswith("bisect ") and not e.stage.startswith("bisect all")]
+    if len(halves) < 2 or any(e.passed for e in search.history if e is not best):
+        return None
+    return f"only f32 passed: the policy's conversion and both halves of its {len(keepable)} low nodes failed"
 
 
 def _first_keepable(

@@ -452,6 +452,11 @@ class Repair(Record):
     minimality: str
     history: tuple[RepairStep, ...]
     held_out: HeldOut | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    budget: int | None = field(default=None, metadata=ABSENT_WHEN_NONE)  # evaluations allowed
+    #: Wall seconds of the whole repair: the reference run and the written model's proof included.
+    seconds: float | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    #: Why `auto` stopped before its budget ran out: nothing to gain, or only f32 passed.
+    stopped: str | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 
 
 # -- one model --------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from onnx import ModelProto
 
-from rlx_onnx_amp.cost import estimate_cost
+from rlx_onnx_amp.cost import Cost, estimate_cost
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.passes import PassContractError, run_passes
 from rlx_onnx_amp.policy import Policy
@@ -78,7 +78,7 @@ class RewrittenModel:
             return self._record
         plan, cx = self._plan, self._conversion
         assert plan is not None and plan.main is not None and cx is not None, "finish after close"
-        self._record = summarize(cx, plan.main, estimate_cost(cx.model, cx.options.shapes) if cx.options.cost else None)
+        self._record = summarize(cx, plan.main, _cost(cx) if cx.options.cost else None)
         self.close()
         return self._record
 
@@ -87,6 +87,11 @@ class RewrittenModel:
         if self._plan is not None:
             self._plan.release()
         self._plan = self._conversion = None
+
+
+def _cost(cx: Conversion) -> Cost:
+    """The cost figures at the run's shapes where it ran (`ConvertOptions.value_shapes`)."""
+    return estimate_cost(cx.model, cx.options.shapes, cx.options.value_shapes)
 
 
 def check_idempotent(model: ModelProto, policy: Policy, options: ConvertOptions) -> None:

@@ -49,6 +49,10 @@ class ConvertOptions:
     #: one f32 reference run saw of it (the range screen, `verification.screen`): rule
     #: range-screen keeps the nodes whose values pass the range.
     value_ranges: Mapping[str, ValueRange] = field(default_factory=dict)
+    #: Value name -> the shape onnxruntime produced for it in the reference run at `shapes`
+    #: (`verification.reference.Reference.value_shapes`): the cost model counts at these and
+    #: infers only what the run did not see.
+    value_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -377,14 +377,12 @@ def _written_run(verifier: Verifier, answer: WrittenAnswer, crashed: str | None,
     verdict: TaskVerdict | None = None
     if verifier._chosen is not None:
         task, named, chosen_by = verifier._chosen
-        if task is Task.DETECT:
-            result = judge_detection(named, ref.runs, answer.outputs, tolerances[named[0]])
-            verdict = TaskVerdict(task.value, chosen_by, result.passed, (result,))
-        else:
-            judged_as = Task.CLASSIFY if task is Task.GENERATE else task
-            by_name = {d.name: d for d in drifts}
-            verdict = judge_task(judged_as, chosen_by, {n: pairs[n] for n in named}, tolerances, by_name)
-    passed = verdict.passed if verdict is not None else bool(drifts) and all(d.passed for d in drifts)
+        # generate: the written file's first step only (its greedy loop is the emulation's to run)
+        judged_as = Task.CLASSIFY if task is Task.GENERATE else task
+        verdict = judge_task(judged_as, chosen_by, {n: pairs[n] for n in named}, tolerances,
+                             {d.name: d for d in drifts}, runs=(ref.runs, answer.outputs))
+    judged = verdict is not None and verdict.judged
+    passed = verdict.passed if judged and verdict is not None else bool(drifts) and all(d.passed for d in drifts)
     return WrittenRun(ref.provider, options.target, True, None, None, tuple(drifts), passed, verdict)
 
 

@@ -447,12 +447,14 @@ def _bytes(n: int) -> str:
 
 def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
     """Input sets from a file: an .npz of name -> array (with `NAME#k` keys for set k, as
-    `--save-inputs` writes them), Polygraphy's JSON input file (a list of name -> array), or a
-    directory of ONNX `input_N.pb` tensors (one set)."""
+    `--save-inputs` writes them), Polygraphy's JSON input file (a list of name -> array), a
+    directory of .npz files (one set each, in name order: AutoCast's multi-batch calibration
+    data), or a directory of ONNX `input_N.pb` tensors (one set)."""
     p = Path(path)
     names = [vi.name for vi in _graph_inputs(model)]
     if p.is_dir():
-        sets = [_load_pb_dir(p, names)]
+        npz = sorted((f for f in p.iterdir() if f.suffix.lower() == ".npz" and f.is_file()), key=_natural)
+        sets = [_load_npz(f) for f in npz] if npz else [_load_pb_dir(p, names)]
     elif p.is_file() and p.suffix.lower() == ".json":
         sets = _load_polygraphy_json(p)
     elif p.is_file():
@@ -467,10 +469,15 @@ def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.n
     return [{n: feeds[n] for n in names} for feeds in sets]
 
 
+def _natural(f: Path) -> tuple[object, ...]:
+    """batch_2.npz before batch_10.npz: digit runs compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", f.name))
+
+
 def _load_pb_dir(p: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
     files = sorted(p.glob("input_*.pb"), key=lambda f: int(re.sub(r"\D", "", f.stem) or 0))
     if not files:
-        raise InputError(f"{p}: no input_N.pb files")
+        raise InputError(f"{p}: no .npz files and no input_N.pb files")
     feeds = {}
     for k, f in enumerate(files):
         tensor = TensorProto()

@@ -5,7 +5,9 @@
 it once per input set. With `screen=True` the same run surfaces every float value of the model
 (`screen.ScreenPlan`): their ranges go to the converter (`ConvertOptions.value_ranges`, rule
 range-screen) and the graph outputs of that very run are what the candidate is judged
-against. Nothing is run twice, and one session is held at a time.
+against; the shapes onnxruntime produced on the first input set go to the cost model
+(`Reference.value_shapes`, `ConvertOptions.value_shapes`), so it needs no shape inference where
+the model ran. Nothing is run twice, and one session is held at a time.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Reference:
     #: Value name -> its range over the input sets screened (empty unless screened).
     value_ranges: dict[str, ValueRange] = field(default_factory=dict)
     screened: bool = False
+    #: Value name -> the shape onnxruntime produced for it on the first input set (graph inputs,
+    #: outputs and, when screened, the main graph's values the cost model reads).
+    value_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Each input's shape in the first input set: what the run's cost model counts at."""
@@ -104,6 +109,9 @@ def prepare_reference(
             reference.runs = run_each(session, samples, outputs, progress, "running the reference")
     except ModelRunError as e:
         raise ReferenceUnavailable(e if options.inputs else synthesized_inputs_error(e, model, options.spec)) from None
+    if not reference.value_shapes:  # not screened: the inputs and outputs alone
+        outs = reference.runs[0] if reference.runs else {}
+        reference.value_shapes = {**reference.shapes(), **{n: tuple(np.shape(v)) for n, v in outs.items()}}
     return reference
 
 
@@ -124,6 +132,7 @@ def _screened_run(reference: Reference, progress: Progress | None, screened: int
             try:
                 session = tmp.session(plan.model, reference.path.parent, reference.provider, str(reference.path))
                 ranges: dict[str, ValueRange] = {}
+                shapes: dict[str, tuple[int, ...]] = {}
                 runs = []
                 for k, feeds in enumerate(reference.samples):
                     if progress is not None:
@@ -131,6 +140,8 @@ def _screened_run(reference: Reference, progress: Progress | None, screened: int
                     fetched = session.run(feeds, plan.fetch)
                     if k < screened:
                         plan.ranges(fetched, ranges)
+                    if k == 0:
+                        shapes = plan.shapes(fetched)
                     runs.append({n: np.asarray(fetched[n]) for n in reference.output_names})
                     del fetched
                 if progress is not None:
@@ -141,6 +152,7 @@ def _screened_run(reference: Reference, progress: Progress | None, screened: int
                 continue
             reference.providers_used = session.session.get_providers()
             reference.runs, reference.value_ranges, reference.screened = runs, ranges, True
+            reference.value_shapes = {**reference.shapes(), **shapes}
             return
     logger.info("screening failed; running the reference alone")
     try:

@@ -1,6 +1,10 @@
 """The range screen: every float value of a model, surfaced as an output of one f32 reference
 run, reduced to what the low precision must hold (`ranges.ValueRange`).
 
+The same run gives the cost model its shapes: the main graph's values it fetches, and the inputs
+and outputs of every Compute node and Cast whatever their type (`cost.run_values`: an int8
+model's MatMulInteger reads and writes no float), as onnxruntime produced them (`shapes`).
+
 Values inside If/Loop/Scan bodies are surfaced as extra outputs of their control-flow node (a
 Loop's or Scan's per iteration, stacked), so the screen sees them too; where that cannot run
 (a Loop whose body values change shape between iterations), the main graph's values alone.
@@ -14,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from rlx_onnx_amp.cost import run_values
 from rlx_onnx_amp.ranges import ValueRange, scoped_name
 from rlx_onnx_amp.taxonomy import DEFAULT_DOMAINS
 from rlx_onnx_amp.types import model_types, subgraphs
@@ -35,13 +40,19 @@ class ScreenPlan:
         #: Surfaced body values: (the control-flow node's extra output, the value's key,
         #: `ranges.scoped_name`: an If's branches may reuse a name).
         self.surfaced = [(out, scoped_name(scope, value)) for out, scope, value in surfaced]
-        self.fetch = list(dict.fromkeys([*outputs, *self.values, *(out for out, _ in self.surfaced)]))
+        #: Main-graph values whose shapes the cost model reads (`shapes`).
+        self.shaped = list(dict.fromkeys([*outputs, *self.values, *run_values(model)]))
+        self.fetch = list(dict.fromkeys([*self.shaped, *(out for out, _ in self.surfaced)]))
         if exposed is model:  # expose_body_values gave a copy already; the main graph alone did not
             exposed = onnx.ModelProto()
             exposed.CopyFrom(model)
         self.model = exposed
-        extra = [n for n in (*self.values, *(out for out, _ in self.surfaced)) if n not in have]
+        extra = [n for n in self.fetch if n not in have]
         self.model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra)
+
+    def shapes(self, fetched: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """Main-graph value name -> the shape onnxruntime produced in one run."""
+        return {name: tuple(np.shape(fetched[name])) for name in self.shaped if name in fetched}
 
     def ranges(self, fetched: Mapping[str, np.ndarray], into: dict[str, ValueRange]) -> None:
         """Fold one run's values into `into` (value key, `ranges.scoped_name` -> range over every
