@@ -36,14 +36,19 @@ def checker_failure(model: _Checkable, limit: int = _LIMIT) -> str | None:
 
 
 def onnxruntime_failure(
-    model: _Checkable, limit: int = 400, provider: str = "CPUExecutionProvider", role: str | None = None
+    model: _Checkable,
+    limit: int = 400,
+    provider: str = "CPUExecutionProvider",
+    role: str | None = None,
+    label: str | None = None,
 ) -> str | None:
     """Why onnxruntime's `provider` (with the CPU provider behind it) cannot load a model (`role`:
-    what it is, for a supervisor's notes), or None when it loads."""
+    what it is, `label`: its name for the user, e.g. its final path while it is staged; both for a
+    supervisor's notes), or None when it loads."""
     from rlx_onnx_amp.sessions import OrtSession  # onnxruntime: only where the checker refuses a model
 
     source = model.SerializeToString() if isinstance(model, ModelProto) else str(model)
-    label = "a model in memory" if isinstance(model, ModelProto) else str(model)
+    label = label or ("a model in memory" if isinstance(model, ModelProto) else str(model))
     try:
         OrtSession(source, provider, label, role=role, prepacking=False)
     except AmpError as e:
@@ -73,14 +78,14 @@ def prove(
     first = checker_failure(source)
     if first is None:  # the input was valid, so this is our bug: say so, with the checker's words
         raise AmpError(f"{label}: the converted model fails onnx.checker; nothing written ({found})")
-    if onnxruntime_failure(source, role="the input") is not None:
+    if onnxruntime_failure(source, role="the input", label=source_label) is not None:
         raise InputError(f"{source_label}: the input model fails onnx.checker ({first}); nothing written")
     import onnxruntime as ort
 
     # The output is meant for its target: a bf16 model for CUDA need not load on the CPU provider.
     wanted = "CUDAExecutionProvider" if target == "cuda" else "CPUExecutionProvider"
     provider = wanted if wanted in ort.get_available_providers() else "CPUExecutionProvider"
-    output_not_loaded = onnxruntime_failure(output, provider=provider, role="the written file")
+    output_not_loaded = onnxruntime_failure(output, provider=provider, role="the converted model", label=label)
     if output_not_loaded is not None and provider != wanted:
         raise InputError(
             f"{source_label}: the input model fails onnx.checker ({first}), and the converted model cannot be "

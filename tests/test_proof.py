@@ -140,3 +140,20 @@ def test_the_collector_runs_again_after_a_conversion_however_it_ends(tmp_path: P
     with OutputSet() as staging, pytest.raises(api.InputError, match="not a valid ONNX model"):
         api.stage_conversion(bad, tmp_path / "o2.onnx", staging, RunPaths(), "always-f16")
     assert gc.isenabled()
+
+
+def test_the_checker_fallback_is_one_default_line_and_in_the_reports(tmp_path: Path) -> None:
+    # Issue 49: an input the checker refuses but onnxruntime loads is converted and passes; the
+    # default output says in one line that the proof was onnxruntime's, and so do the reports.
+    model = _genai_style(tmp_path / "in.onnx")
+    first = checker_failure(model)
+    assert first is not None
+    md, page = tmp_path / "r.md", tmp_path / "r.html"
+    done = rlx(model, "-o", tmp_path / "out.onnx", "--policy", "always-f16", "--report-md", md, "--report-html", page)
+    assert done.returncode == 0, done.stderr
+    line = f"proof: onnx.checker refuses the input ({first}); onnxruntime loads the input and the output"
+    assert [x for x in done.stdout.splitlines() if x.startswith("proof:")] == [line]
+    assert f"**{line[0].upper() + line[1:]}.**" in md.read_text()
+    assert "onnx.checker refuses the input" in page.read_text()
+    again = rlx(tmp_path / "out.onnx", "-o", tmp_path / "again.onnx", "--policy", "always-f16", "-q")
+    assert "proof:" not in again.stdout  # -q: no table, no proof line

@@ -49,6 +49,7 @@ from rlx_onnx_amp.reports.text import (
     localized_table,
     next_step,
     percent,
+    proof_line,
     repair_kept_rows,
     required_tolerances,
     size_ratio,
@@ -262,6 +263,9 @@ def _conversion_section(r: Conversion, figures: _Figures) -> list[str]:
     gain = gain_line(r)
     if gain:
         out.append(f"<p><strong>{_e(gain[0].upper() + gain[1:])}.</strong></p>")
+    proof = proof_line(r)
+    if proof:
+        out.append(f"<p class='proof'><strong>{_e(proof[0].upper() + proof[1:])}.</strong></p>")
     out.append("<div class='plots'>")
     out.append(figures.precision_bars("Node kind", r.by_kind))
     busiest = dict(sorted(r.by_op.items(), key=lambda kv: -sum(kv[1].values()))[:20])

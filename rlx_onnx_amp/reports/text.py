@@ -146,7 +146,19 @@ def conversion_table(c: Conversion) -> str:
     cost = cost_line(c.cost.to_json() if c.cost else None)
     if cost:
         lines.append(cost)
+    proof = proof_line(c)
+    if proof:
+        lines.append(proof)
     return "\n".join(lines)
+
+
+def proof_line(c: Conversion) -> str | None:
+    """The proof in one line where it is not onnx.checker's own (an input the checker refuses,
+    proven by onnxruntime loading the input and the output alike); None where the checker passed."""
+    if c.proof is None or c.proof == "onnx.checker":
+        return None
+    why = c.proof.partition("(the input fails onnx.checker: ")[2].removesuffix(")") or c.proof
+    return f"proof: onnx.checker refuses the input ({why}); onnxruntime loads the input and the output"
 
 
 def _policy(c: Conversion) -> str:
@@ -191,7 +203,13 @@ def conversion_markdown(results: Sequence[ModelResult]) -> str:
         ]
         out += _cost_sentence(c)
         out += _gain_sentence(c)
+        out += _proof_sentence(c)
     return "\n".join(out)
+
+
+def _proof_sentence(c: Conversion) -> list[str]:
+    proof = proof_line(c)
+    return [f"**{proof[0].upper() + proof[1:]}.**", ""] if proof else []
 
 
 def inspect_table(summary: dict[str, Any]) -> str:
@@ -607,6 +625,7 @@ def _conversion_facts_md(c: Conversion) -> list[str]:
         "",
         *_cost_sentence(c),
         *_gain_sentence(c),
+        *_proof_sentence(c),
     ]
     out += _md_table(["kind", *PRECISION_COLUMNS], _kind_rows(c.by_kind))
     if c.kept_f32:
