@@ -215,7 +215,7 @@ def _verify_section(v: Verification, figures: _Figures) -> list[str]:
     task = task_line(v)
     if task:
         out.append(f"<p><strong>{_e(task[0].upper() + task[1:])}.</strong></p>")
-    written = written_line(v)
+    written = written_line(v, verbose=True)
     if written:  # the file itself, beside the emulation: in the verdict's colour where it fails
         style = f" style='color:{FAIL_COLOUR}'" if v.written is not None and v.written.passed is False else ""
         out.append(f"<p{style}>{_e(written[0].upper() + written[1:])}.</p>")

@@ -331,10 +331,10 @@ def judged_passed(v: Verification) -> bool:
 PROVIDER_NAMES = {"cpu": "CPU", "cuda": "CUDA", "coreml": "CoreML"}
 
 
-def written_line(v: Verification) -> str | None:
+def written_line(v: Verification, verbose: bool = False) -> str | None:
     """The written file's own run (issue 49) in one line: it crashed or cannot run here (the
-    verdict is then the emulation's), it fails (which run failed, and what that means), or it
-    passes too. None where it was not run."""
+    verdict is then the emulation's; onnxruntime's words with `verbose`), it fails (which run
+    failed, and what that means), or it passes too. None where it was not run."""
     w = v.written
     if w is None:
         return None
@@ -344,7 +344,7 @@ def written_line(v: Verification) -> str | None:
         return (f"{v.candidate}: the written file crashes onnxruntime's {name} provider ({died}); the verdict is the "
                 "emulation's (exit 4)")
     if not w.ran:
-        why = summarized(w.error or "unknown", 100)
+        why = summarized(w.error or "unknown", 100) if verbose else "-v says why"
         return (f"{v.candidate}: the written file cannot run on onnxruntime's {name} provider; the verdict is the "
                 f"emulation's ({why})")
     if w.passed:
@@ -446,7 +446,7 @@ def verify_table(v: Verification, verbose: bool = False) -> str:
     task = task_line(v)
     if task:
         lines.append(task)
-    written = written_line(v)
+    written = written_line(v, verbose)
     if written:
         lines.append(written)
     note = constant_note(v)
@@ -593,7 +593,7 @@ def _verified_md(r: ModelResult) -> list[str]:
     task = task_line(v)
     if task:
         out += [task[0].upper() + task[1:] + ".", ""]
-    written = written_line(v)
+    written = written_line(v, verbose=True)
     if written:
         bold = "**" if v.written is not None and v.written.passed is False else ""  # which run failed, at a glance
         out += [f"{bold}{written[0].upper()}{written[1:]}.{bold}", ""]
