@@ -80,7 +80,7 @@ from rlx_onnx_amp.verification.inputs import GuessedAxesError
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, session_threads
 
 if TYPE_CHECKING:
-    from rlx_onnx_amp.verification.reference import Reference
+    from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable
 
 __all__ = [
     "ConvertJob",
@@ -174,31 +174,41 @@ class ConvertJob:
 
     def _repair(self, src: str, dst: str, outputs: OutputSet, shown: str, lines: StageLines) -> ModelResult:
         from rlx_onnx_amp.repair import repair_file  # the verification's modules: not for a conversion alone
+        from rlx_onnx_amp.verification.reference import ReferenceUnavailable
 
         s = self.settings
         assert s.verify_options is not None
         lines.begin("repairing")
-        conversion, verified, repaired = repair_file(
-            src,
-            dst,
-            s.policy,
-            options=s.options,
-            verify_options=s.verify_options,
-            budget=s.budget,
-            data_name=s.data_name,
-            outputs=outputs,
-            paths=self.paths,
-            progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
-        )
+        try:
+            conversion, verified, repaired = repair_file(
+                src,
+                dst,
+                s.policy,
+                options=s.options,
+                verify_options=s.verify_options,
+                budget=s.budget,
+                data_name=s.data_name,
+                outputs=outputs,
+                paths=self.paths,
+                progress=None if s.quiet else (lambda line: click.echo(f"repair: {line}", err=True)),
+            )
+        except ReferenceUnavailable as e:  # as the plain command: written unverified (exit 4), or --verify's error
+            lines.release()
+            lines.end()
+            return self._convert(src, dst, outputs, shown, lines, unavailable=self._unavailable(e, src))
         lines.release()
         lines.end()
         result = ModelResult(dataclasses.replace(conversion, output=shown), verified, repaired)
         self._converted(result)
         return result
 
-    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str, lines: StageLines) -> ModelResult:
+    def _convert(
+        self, src: str, dst: str, outputs: OutputSet, shown: str, lines: StageLines, unavailable: str | None = None
+    ) -> ModelResult:
+        """Convert and verify `src`; with `unavailable` (why the reference cannot run, found by
+        --repair) written unverified without another reference run."""
         s = self.settings
-        reference, unverified = self._reference(src, lines)
+        reference, unverified = (None, unavailable) if unavailable else self._reference(src, lines)
         options = s.options
         if reference is not None:
             # The MACs are counted at the shapes the verification runs (`--shape` first).
@@ -249,12 +259,16 @@ class ConvertJob:
             try:
                 return prepare_reference(src, s.verify_options, screen=s.screen, progress=progress), None
             except ReferenceUnavailable as e:
-                error = e.error
-                if isinstance(error, GuessedAxesError) and not s.export_dir:  # say where the sizes are
-                    error = with_genai_folder_hint(error, Path(src))
-                if s.verify_required:
-                    raise error from None
-                return None, str(error)
+                return None, self._unavailable(e, src)
+
+    def _unavailable(self, e: ReferenceUnavailable, src: str) -> str:
+        """Why the reference cannot run, for a model written unverified; with --verify, the error."""
+        error = e.error
+        if isinstance(error, GuessedAxesError) and not self.settings.export_dir:  # say where the sizes are
+            error = with_genai_folder_hint(error, Path(src))
+        if self.settings.verify_required:
+            raise error from None
+        return str(error)
 
     def convert_own(self, src: str, dst: str, position: str = "") -> ModelResult:
         """One model of a batch: committed on its own; a failure is reported and the rest go on."""

@@ -260,8 +260,8 @@ def test_a_reference_that_cannot_run_on_guessed_axes_says_to_give_their_sizes(tm
     kernel. That is an input error naming the guessed shapes and --shape, in one line (no
     onnxruntime log line), with nothing written; the sizes given, the same run passes."""
     src = _wide_conv(tmp_path / "conv.onnx")
-    flag = "--verify" if command == "verify" else "--repair"
-    args = (str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), flag, "--provider", "cpu", "-q")
+    flags = ("--verify",) if command == "verify" else ("--repair", "--verify")  # --verify: the proof or an error
+    args = (str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), *flags, "--provider", "cpu", "-q")
     _bad(tmp_path, *args, expect=("axes were guessed", "(x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8)", "--shape"))
     result = rlx(*args, "--shape", "x:1x1x128")
     assert result.returncode == 0, result.stderr

@@ -203,3 +203,19 @@ def test_a_second_size_shows_what_grows_with_length(tmp_path: Path) -> None:
     code, report, text = _convert(tmp_path, model, "-p", "always-f16")
     assert code == 0, text
     assert {k["code"] for k in report["kept_f32"]} == {"range-screen"}
+
+
+def test_auto_and_repair_on_inputs_that_cannot_run_exit_as_the_plain_command(tmp_path: Path) -> None:
+    """A Conv wider than every length tried: the plain command writes the model unverified (exit
+    4) and says to give --shape; `--policy auto` and `--repair` do the same, not exit 2."""
+    weight = numpy_helper.from_array(np.full((1, 1, 100), 0.1, np.float32), "w")
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 1, "T"])],
+                   [helper.make_tensor_value_info("y", F, [1, 1, "U"])], [weight])
+    for flags in ((), ("-p", "auto"), ("--repair",)):
+        (tmp_path / "o.onnx").unlink(missing_ok=True)
+        code, report, text = _convert(tmp_path, model, *flags)
+        assert code == 4, (flags, text)
+        assert (tmp_path / "o.onnx").exists() and "verify" not in report
+        assert "x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8" in report["unverified"]
+        assert "rlx-amp: next: " in text and "--shape NAME:1x128" in text
+    assert _convert(tmp_path, model, "-p", "auto", "--verify")[0] == 2

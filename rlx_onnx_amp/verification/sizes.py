@@ -1,8 +1,8 @@
 """The sizes of synthesized inputs: one size per symbolic axis, from what the model says, else a
 size a user sends (docs/verification.md, "Inputs").
 
-An axis the model leaves symbolic (a `dim_param`, a negative or missing `dim_value`) is sized,
-first rule that applies:
+An axis the model leaves symbolic (a `dim_param`, a negative or missing `dim_value`) is sized by
+the first of these that says a size:
 1. by `--shape` (or the folder's configs, which `batch.ConvertJob.in_folder` adds to the spec);
 2. as every other axis in its group: the axes of one `dim_param` name across all inputs, and an
    RNN's initial state with its X (`_RNN_PARTNERS`); a group with a fixed axis takes its size;
