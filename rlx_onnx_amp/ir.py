@@ -20,9 +20,15 @@ them from, and the narrowed weights go to one scratch file; each comes back as a
 by one), so no step holds all the weights at once. The scratch file is removed when the last
 tensor reading it is gone. Weights in memory (a torch.onnx export) stay in memory.
 
-Verification stays outside the pass (`rlx_onnx_amp.verify` on saved files), unless `verify=True`:
-then the converted model is run against the input before it replaces the caller's graph, and
-drift past the tolerances raises `onnx_ir.passes.PostconditionError`, the model left as it was.
+The pass runs the stages of the command's pipeline (`rlx_onnx_amp.pipeline`), from settings
+checked as every door checks them (`JobSettings.checked`): the input's reference run on the
+verification's inputs (the model saved once to a temporary directory, since onnxruntime reads
+files) with its range screen, on by default as the command's (`screen=False`: the literal
+policy, no run); the rewrite; the proof; and with `verify=True` the verdict against that same
+reference run, before the converted model replaces the caller's graph: drift past the
+tolerances raises `onnx_ir.passes.PostconditionError`, the model left as it was. A reference
+that cannot run (guessed axes) is logged, and the model converted unscreened, as the command
+writes it unverified.
 """
 
 from __future__ import annotations
