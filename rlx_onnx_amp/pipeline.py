@@ -43,7 +43,7 @@ from rlx_onnx_amp.verification.inputs import GuessedAxesError
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, session_threads
 
 if TYPE_CHECKING:
-    from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable
+    from rlx_onnx_amp.verification.reference import Reference
 
 __all__ = [
     "CLI_SPELLING",
@@ -321,26 +321,19 @@ class ConvertJob:
 
         s = self.settings
         assert s.verify_options is not None
-        from rlx_onnx_amp.verification.reference import ReferenceUnavailable
-
         reporter.begin("repairing")
-        try:
-            conversion, verified, repaired = repair_file(
-                src,
-                dst,
-                s.policy,
-                options=s.options,
-                verify_options=s.verify_options,
-                budget=s.budget,
-                data_name=s.data_name,
-                outputs=outputs,
-                paths=self.paths,
-                progress=reporter.repair_line,
-            )
-        except ReferenceUnavailable as e:  # as the plain command: written unverified (exit 4), or --verify's error
-            reporter.release()
-            reporter.end()
-            return self._convert(src, dst, outputs, shown, reporter, unavailable=_unavailable(e, src, s))
+        conversion, verified, repaired = repair_file(
+            src,
+            dst,
+            s.policy,
+            options=s.options,
+            verify_options=s.verify_options,
+            budget=s.budget,
+            data_name=s.data_name,
+            outputs=outputs,
+            paths=self.paths,
+            progress=reporter.repair_line,
+        )
         reporter.release()
         reporter.end()
         result = ModelResult(dataclasses.replace(conversion, output=shown), verified, repaired)
@@ -348,13 +341,9 @@ class ConvertJob:
         reporter.converted(result)
         return result
 
-    def _convert(
-        self, src: str, dst: str, outputs: OutputSet, shown: str, reporter: Reporter, unavailable: str | None = None
-    ) -> ModelResult:
-        """Convert and verify `src`; with `unavailable` (why the reference cannot run, found by a
-        search) written unverified without another reference run."""
+    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str, reporter: Reporter) -> ModelResult:
         s = self.settings
-        reference, unverified = (None, unavailable) if unavailable else self._reference(src, reporter)
+        reference, unverified = self._reference(src, reporter)
         options = with_reference(s.options, reference)
         reporter.begin("converting")
         with reporter.conversion_progress(f"converting {Path(src).name}") as progress:
@@ -443,18 +432,12 @@ def reference_run(
         try:
             return prepare_reference(src, settings.verify_options, screen=settings.screen, progress=progress), None
         except ReferenceUnavailable as e:
-            return None, _unavailable(e, src, settings)
-
-
-def _unavailable(e: ReferenceUnavailable, src: str | os.PathLike[str], settings: JobSettings) -> str:
-    """Why the reference cannot run, for a model written unverified; where verification was asked
-    for explicitly (`verify_required`), the error itself."""
-    error = e.error
-    if isinstance(error, GuessedAxesError) and not settings.export_dir:  # say where the sizes are
-        error = with_genai_folder_hint(error, Path(src))
-    if settings.verify_required:
-        raise error from None
-    return str(error)
+            error = e.error
+            if isinstance(error, GuessedAxesError) and not settings.export_dir:  # say where the sizes are
+                error = with_genai_folder_hint(error, Path(src))
+            if settings.verify_required:
+                raise error from None
+            return None, str(error)
 
 
 def with_reference(options: ConvertOptions, reference: Reference | None) -> ConvertOptions:
