@@ -594,7 +594,7 @@ def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
     """The search (module docstring): the policy's conversion, the magnitude screen, then
     localization and bisection until a candidate passes, then minimization; for `auto`, the
     low islands that run no compute kept f32 last (`cast_cost_keeps`). `auto` stops early where
-    it cannot gain (`_stop_before`) or the first evaluations pass only f32 (`_only_f32`)."""
+    it cannot gain (`_stop_before`)."""
     stopped = _stop_before(ev)
     if stopped is not None:
         keepable = dict(ev.conversion_of({}).index.keepable)
@@ -630,9 +630,6 @@ def _search(ev: _Evaluator, search: _Search, verification: Verifier) -> _Found:
             break
         current = last
     minimality = "not checked"
-    stopped = _only_f32(ev, search, keepable)
-    if stopped is not None:
-        return _Found(search.best, minimality, keepable, stopped)
     if search.best.passed and search.left >= 1:
         compute = {p for p, (_, op) in keepable.items() if kind_of(*_split(op)) is OpKind.COMPUTE}
         minimality = search.minimize(search.best, screen.consumers_only, compute)
@@ -651,19 +648,6 @@ def _stop_before(ev: _Evaluator) -> str | None:
     if not ev.policy.searches:
         return None
     return no_gain(estimate_cost(ev.model, ev.options.shapes, ev.options.value_shapes))
-
-
-def _only_f32(ev: _Evaluator, search: _Search, keepable: Mapping[str, tuple[str, str]]) -> str | None:
-    """Why `auto` stops before minimizing: the policy's conversion failed, both halves of what
-    it lowered failed, and only the whole kept f32 passed; giving back smaller chunks of it
-    would spend the rest of the budget on candidates that fail as the halves did."""
-    best = search.best
-    if not ev.policy.searches or not best.passed or not keepable or set(keepable) - set(best.keep):
-        return None
-    halves = [e for e in search.history if e.stage.startswith("bisect ") and not e.stage.startswith("bisect all")]
-    if len(halves) < 2 or any(e.passed for e in search.history if e is not best):
-        return None
-    return f"only f32 passed: the policy's conversion and both halves of its {len(keepable)} low nodes failed"
 
 
 def _first_keepable(

@@ -14,7 +14,7 @@ import pytest
 
 from fixtures.quantized import write_quantized
 from rlx_onnx_amp.cost import MAC_CLASSES, Cost, no_gain
-from rlx_onnx_amp.repair import Evaluation, _only_f32
+from rlx_onnx_amp.repair import Evaluation
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
 from tests.helpers import rlx
 
@@ -76,14 +76,3 @@ def _history(*steps: tuple[str, int, bool]) -> SimpleNamespace:
     return SimpleNamespace(history=history, best=min(history, key=lambda e: (not e.passed, len(e.keep))))
 
 
-def test_only_f32_passing_stops_before_minimization() -> None:
-    auto = SimpleNamespace(policy=SimpleNamespace(searches=True))
-    keepable = {str(i): ("", "MatMul") for i in range(4)}
-    only_f32 = _history(("policy", 0, False), ("bisect 2 nodes", 2, False), ("bisect 2 nodes", 2, False),
-                        ("bisect all 4 nodes", 4, True))
-    assert _only_f32(auto, only_f32, keepable) == (  # type: ignore[arg-type]
-        "only f32 passed: the policy's conversion and both halves of its 4 low nodes failed"
-    )
-    half_passed = _history(("policy", 0, False), ("bisect 2 nodes", 2, True), ("bisect 1 nodes", 3, True))
-    assert _only_f32(auto, half_passed, keepable) is None  # type: ignore[arg-type]
-    assert _only_f32(SimpleNamespace(policy=SimpleNamespace(searches=False)), only_f32, keepable) is None  # type: ignore[arg-type]
