@@ -112,9 +112,8 @@ def convert(
     """The convert command: MODEL... (or an export directory) converted, verified, reported."""
     started = time.time()  # the report's run.started
     resolved = _policy(policy, map_text, map_file, low)
-    searching = do_repair or resolved.searches
     directory = _export_directory(models, output, out_dir, data_name)
-    verifying = do_verify is not False or searching
+    verifying = do_verify is not False or do_repair or resolved.searches  # as JobSettings.checked
     shapes = dict(parse_shape(text) for text in verify_kwargs["shapes"])
     # The cost model costs a shape inference: only where something shows it, or the gate reads it.
     shown = not quiet or bool(report_json or report_md or report_html) or min_low_share is not None
@@ -131,7 +130,7 @@ def convert(
         screen=screen,
         contain=True,  # an onnxruntime crash is one model's exit 3, never the end of rlx-amp
     )
-    _refuse_idle_options(ctx, do_verify, searching)
+    _refuse_idle_options(ctx, do_verify, settings.repair)
     verify_options = settings.verify_options
     targets = [output or ""] if directory else _output_paths(models, output, out_dir)
     if data_name is not None and len(models) > 1:

@@ -248,16 +248,12 @@ class JobSettings:
         )
 
 
-def _log_reporter(model: str, position: str = "") -> Reporter:
-    return LogReporter(model, position)
-
-
 class ConvertJob:
     """Converts (verifies, repairs) the models of one door's run, one at a time, telling each
     one's `Reporter` as it goes; each call answers what its model came to. It holds no results:
     the one the parent runs and the copies the workers get are alike."""
 
-    def __init__(self, settings: JobSettings, paths: RunPaths, reporters: ReporterFactory = _log_reporter) -> None:
+    def __init__(self, settings: JobSettings, paths: RunPaths, reporters: ReporterFactory = LogReporter) -> None:
         self.settings, self.paths, self.reporters = settings, paths, reporters
 
     def replaced(self, **changes: object) -> ConvertJob:
@@ -343,7 +339,7 @@ class ConvertJob:
 
     def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str, reporter: Reporter) -> ModelResult:
         s = self.settings
-        reference, unverified = self._reference(src, reporter)
+        reference, unverified = reference_run(src, self.settings, reporter)
         options = with_reference(s.options, reference)
         reporter.begin("converting")
         with reporter.conversion_progress(f"converting {Path(src).name}") as progress:
@@ -376,9 +372,6 @@ class ConvertJob:
         result = ModelResult(conversion, verified)
         reporter.verified(result)
         return result
-
-    def _reference(self, src: str, reporter: Reporter) -> tuple[Reference | None, str | None]:
-        return reference_run(src, self.settings, reporter)
 
     def convert_own(self, src: str, dst: str, position: str = "") -> ModelResult:
         """One model of a batch: committed on its own; a failure is reported and the rest go on."""

@@ -83,19 +83,18 @@ def run_contained(
         raise
     finally:
         receive.close()
-    answer, note, made = told.answer, told.note, told.made
+    answer = told.answer
+    if answer is not None and answer[0] == "ok":
+        remove_private_dir(scratch)
+        outputs.adopt(answer[2])  # its staging is this process's to commit or discard now
+        return answer[1]
+    _remove(told.made, scratch)
     if answer is None:
-        _remove(made, scratch)
-        raise ModelRunError(_crash_line(label, child.exitcode, note))
-    remove_private_dir(scratch)
-    kind, value, *rest = answer
-    if kind == "ok":
-        outputs.adopt(rest[0])
-        return value
-    _remove(made, Path())
+        raise ModelRunError(_crash_line(label, child.exitcode, told.note))
+    kind, error, *trace = answer
     if kind == "bug":
-        value.add_note(f"in the supervised child:\n{rest[0]}")
-    raise value
+        error.add_note(f"in the supervised child:\n{trace[0]}")
+    raise error
 
 
 class _Told:
@@ -144,7 +143,6 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
         return
     if child.exitcode is None:
         with contextlib.suppress(OSError):
-            assert child.pid is not None
             os.kill(child.pid, signal.SIGTERM)
     child.join(STOP_GRACE_S)
     if child.exitcode is None:
@@ -154,11 +152,9 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
 
 def _remove(made: set[Path], scratch: Path) -> None:
     """What a child that did not finish left: its private directories, and its TMPDIR."""
-    with signals_deferred():
-        for path in made:
+    with signals_deferred():  # all of it, or a second stop would leave some
+        for path in (*made, scratch):
             remove_private_dir(path)
-        if scratch != Path():
-            remove_private_dir(scratch)
 
 
 def _child(

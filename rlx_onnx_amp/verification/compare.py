@@ -43,7 +43,6 @@ __all__ = [
     "emulated_without_loading",
     "emulation_reason",
     "open_compared",
-    "ort_providers",
     "resolve_provider",
     "run_each",
     "session_threads",
@@ -88,15 +87,10 @@ class Session:
         return dict(zip(names, self.ort.run(names, typed)))
 
 
-def ort_providers(provider: str) -> list[str]:
-    """onnxruntime's providers for a session on `provider`: it, with the CPU provider behind it."""
-    return providers_for(PROVIDERS[provider])
-
-
 def _cannot_fall_back(provider: str) -> bool:
     """Whether a session on `provider` runs on it or not at all (no provider behind it to fall
     back to, which `sessions.OrtSession` refuses)."""
-    return len(ort_providers(provider)) == 1
+    return len(providers_for(PROVIDERS[provider])) == 1
 
 
 def typed_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
