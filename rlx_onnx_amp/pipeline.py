@@ -43,7 +43,7 @@ from rlx_onnx_amp.verification.inputs import GuessedAxesError
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET, VerifyOptions, session_threads
 
 if TYPE_CHECKING:
-    from rlx_onnx_amp.verification.reference import Reference
+    from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable
 
 __all__ = [
     "CLI_SPELLING",
@@ -317,19 +317,26 @@ class ConvertJob:
 
         s = self.settings
         assert s.verify_options is not None
+        from rlx_onnx_amp.verification.reference import ReferenceUnavailable
+
         reporter.begin("repairing")
-        conversion, verified, repaired = repair_file(
-            src,
-            dst,
-            s.policy,
-            options=s.options,
-            verify_options=s.verify_options,
-            budget=s.budget,
-            data_name=s.data_name,
-            outputs=outputs,
-            paths=self.paths,
-            progress=reporter.repair_line,
-        )
+        try:
+            conversion, verified, repaired = repair_file(
+                src,
+                dst,
+                s.policy,
+                options=s.options,
+                verify_options=s.verify_options,
+                budget=s.budget,
+                data_name=s.data_name,
+                outputs=outputs,
+                paths=self.paths,
+                progress=reporter.repair_line,
+            )
+        except ReferenceUnavailable as e:  # as the plain command: written unverified (exit 4), or --verify's error
+            reporter.release()
+            reporter.end()
+            return self._convert(src, dst, outputs, shown, reporter, unavailable=_unavailable(e, src, s))
         reporter.release()
         reporter.end()
         result = ModelResult(dataclasses.replace(conversion, output=shown), verified, repaired)
@@ -337,9 +344,13 @@ class ConvertJob:
         reporter.converted(result)
         return result
 
-    def _convert(self, src: str, dst: str, outputs: OutputSet, shown: str, reporter: Reporter) -> ModelResult:
+    def _convert(
+        self, src: str, dst: str, outputs: OutputSet, shown: str, reporter: Reporter, unavailable: str | None = None
+    ) -> ModelResult:
+        """Convert and verify `src`; with `unavailable` (why the reference cannot run, found by a
+        search) written unverified without another reference run."""
         s = self.settings
-        reference, unverified = reference_run(src, self.settings, reporter)
+        reference, unverified = (None, unavailable) if unavailable else reference_run(src, s, reporter)
         options = with_reference(s.options, reference)
         reporter.begin("converting")
         with reporter.conversion_progress(f"converting {Path(src).name}") as progress:
@@ -425,12 +436,18 @@ def reference_run(
         try:
             return prepare_reference(src, settings.verify_options, screen=settings.screen, progress=progress), None
         except ReferenceUnavailable as e:
-            error = e.error
-            if isinstance(error, GuessedAxesError) and not settings.export_dir:  # say where the sizes are
-                error = with_genai_folder_hint(error, Path(src))
-            if settings.verify_required:
-                raise error from None
-            return None, str(error)
+            return None, _unavailable(e, src, settings)
+
+
+def _unavailable(e: ReferenceUnavailable, src: str | os.PathLike[str], settings: JobSettings) -> str:
+    """Why the reference cannot run, for a model written unverified; where verification was asked
+    for explicitly (`verify_required`), the error itself."""
+    error = e.error
+    if isinstance(error, GuessedAxesError) and not settings.export_dir:  # say where the sizes are
+        error = with_genai_folder_hint(error, Path(src))
+    if settings.verify_required:
+        raise error from None
+    return str(error)
 
 
 def with_reference(options: ConvertOptions, reference: Reference | None) -> ConvertOptions:

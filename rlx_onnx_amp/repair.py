@@ -73,7 +73,7 @@ from rlx_onnx_amp.verification.core import Judgement, Verifier
 from rlx_onnx_amp.verification.emulate import emulate
 from rlx_onnx_amp.verification.localize import expose_outputs
 from rlx_onnx_amp.verification.options import DEFAULT_BUDGET
-from rlx_onnx_amp.verification.reference import Reference, choosing_sets
+from rlx_onnx_amp.verification.reference import Reference, choosing_sets, prepare_reference
 from rlx_onnx_amp.verification.screen import expose_body_values
 
 __all__ = ["DEFAULT_BUDGET", "Evaluation", "Screen", "best_key", "magnitude_screen", "repair_file"]
@@ -524,12 +524,10 @@ def _repair(
         # `auto` starts where the plain command ends: the range screen of the same reference run
         # keeps what the low type cannot hold (rule range-screen) before the first evaluation.
         # With several input sets, only the first half (`choosing_sets`) steers it, screen included.
-        full = stack.enter_context(
-            Verifier.prepare(
-                src, verify_options, screen=resolved.searches, scratch_prefix="rlx-amp-repair-",
-                held_out=resolved.searches,
-            )
-        )
+        # A reference that cannot run raises `ReferenceUnavailable`: the convert command then writes
+        # the policy's conversion unverified (exit 4), as the plain command does.
+        prepared = prepare_reference(src, verify_options, screen=resolved.searches, held_out=resolved.searches)
+        full = stack.enter_context(Verifier(prepared, verify_options, "rlx-amp-repair-"))
         reference = full.reference
         # The MACs are counted at the shapes the run uses.
         ranges = reference.value_ranges or options.value_ranges

@@ -136,7 +136,8 @@ def test_a_healthy_decoder_passes_generate(tmp_path: Path, cached: bool) -> None
     assert result.returncode == 0, result.stdout + result.stderr
     task = json.loads((tmp_path / "r.json").read_text())["verify"]["task"]
     assert task["task"] == "generate" and task["passed"]
-    assert task["outputs"][0]["rows"] == 2 and task["outputs"][0]["steps"] == 8
+    # --samples 2 at each of the two sizes (the prompt 128 tokens, then 256): four prompts
+    assert task["outputs"][0]["rows"] == 4 and task["outputs"][0]["steps"] == 8
     assert "first_divergence" not in task["outputs"][0] and task["outputs"][0]["token_agreement"] == 1.0
 
 

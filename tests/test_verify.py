@@ -145,7 +145,9 @@ def test_synthesis_finds_vocab_and_masks() -> None:
     feeds = synthesize(_token_model(), InputSpec(shapes={"input_ids": (2, 64)}, seed=3))
     ids, mask = feeds["input_ids"], feeds["attention_mask"]
     assert ids.shape == (2, 64) and ids.dtype == np.int64 and ids.max() < 50 and ids.max() > 25
-    assert mask.shape == (1, 8)  # default: first symbolic axis 1, others 8
+    assert mask.shape == (2, 64)  # one size per axis name: the mask's batch and seq are the ids'
+    alone = synthesize(_token_model(), InputSpec())["attention_mask"]
+    assert alone.shape == (1, 128)  # nothing given: batch 1, a sequence of 128 tokens
     assert set(np.unique(mask)) <= {0, 1}
     again = synthesize(_token_model(), InputSpec(shapes={"input_ids": (2, 64)}, seed=3))
     assert np.array_equal(again["input_ids"], ids)  # seeded
@@ -468,11 +470,14 @@ def test_a_decoder_step_with_a_cache_gets_coherent_inputs() -> None:
         helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"])], "step", inputs,
                           [helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["batch", 2, "past", 4])]),
         opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    (feeds,) = input_sets(model, VerifyOptions(spec=InputSpec(shapes={"past_key_values.0.key": (1, 2, 5, 4)})))
-    assert feeds["input_ids"].shape == (1, 8) and feeds["past_key_values.0.key"].shape == (1, 2, 5, 4)
-    np.testing.assert_array_equal(feeds["attention_mask"], np.ones((1, 13), np.int64))
-    np.testing.assert_array_equal(feeds["position_ids"], np.arange(5, 13, dtype=np.int64)[None])
+    feeds, longer = input_sets(model, VerifyOptions(spec=InputSpec(shapes={"past_key_values.0.key": (1, 2, 5, 4)})))
+    assert feeds["input_ids"].shape == (1, 128) and feeds["past_key_values.0.key"].shape == (1, 2, 5, 4)
+    np.testing.assert_array_equal(feeds["attention_mask"], np.ones((1, 133), np.int64))
+    np.testing.assert_array_equal(feeds["position_ids"], np.arange(5, 133, dtype=np.int64)[None])
+    # the second size: twice the new tokens after the same past
+    assert longer["input_ids"].shape == (1, 256) and longer["attention_mask"].shape == (1, 261)
+    np.testing.assert_array_equal(longer["position_ids"], np.arange(5, 261, dtype=np.int64)[None])
     # What the user says wins: a given mask shape and range are kept.
     spec = InputSpec(shapes={"attention_mask": (1, 3)}, ranges={"position_ids": (0, 2)})
-    (given,) = input_sets(model, VerifyOptions(spec=spec))
+    given = input_sets(model, VerifyOptions(spec=spec))[0]
     assert given["attention_mask"].shape == (1, 3) and given["position_ids"].max() < 2

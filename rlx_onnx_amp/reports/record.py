@@ -376,6 +376,12 @@ class Verification(Record):
     localize_trace: tuple[TracePoint, ...] | None
     latency: Latency | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     task: TaskVerdict | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    #: Synthesized inputs: where each one's sizes came from ("metadata imgsz", "default sequence
+    #: 128"); absent with --inputs.
+    inputs_why: dict[str, str] | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    #: The input shapes of the sets drawn at the second size (`sizes.SizePlan.grown`); absent
+    #: where every set has the first's.
+    inputs_second: dict[str, list[int]] | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     #: The written file's own run (`WrittenRun`): where its outputs fail, `passed` is False.
     written: WrittenRun | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 

@@ -429,6 +429,22 @@ def constant_note(v: Verification) -> str | None:
     )
 
 
+def inputs_line(v: Verification, shown: int = 4) -> str | None:
+    """`inputs: images 1x3x320x320 from metadata imgsz; second size ...`: the synthesized inputs
+    whose sizes the model does not fix, and why those (JSON `inputs_why`); None where none."""
+    chosen = [(n, why) for n, why in (v.inputs_why or {}).items() if why != "fixed by the model"]
+    if not chosen:
+        return None
+    parts = [f"{n} {'x'.join(map(str, v.inputs.get(n, []))) or 'scalar'} ({why})" for n, why in chosen[:shown]]
+    if len(chosen) > shown:
+        parts.append(f"{len(chosen) - shown} more in the JSON report")
+    line = f"inputs: {'; '.join(parts)}"
+    if v.inputs_second:
+        grown = [f"{n} {'x'.join(map(str, s))}" for n, s in v.inputs_second.items() if s != v.inputs.get(n)]
+        line += f"; second size: {', '.join(grown[:shown])}{', ...' if len(grown) > shown else ''}"
+    return line
+
+
 def verify_table(v: Verification, verbose: bool = False) -> str:
     """One row per output, failures first; the legend and the tolerances that would have passed
     when something failed or with -v."""
@@ -452,6 +468,9 @@ def verify_table(v: Verification, verbose: bool = False) -> str:
     note = constant_note(v)
     if note:
         lines.append(f"note: {note}")
+    sizes = inputs_line(v)
+    if sizes:
+        lines.append(sizes)
     if verbose or not v.passed:
         needed = [t for o in v.outputs if (verbose or not o.passed) and (t := required_tolerances(o))]
         if needed:

@@ -262,6 +262,8 @@ class Verifier:
             latency=latency,
             task=judgement.task,
             written=written,
+            inputs_why=dict(ref.sizes.why) if ref.sizes is not None else None,
+            inputs_second=_listed(ref.second_size()),
         )
 
     def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:
@@ -450,6 +452,10 @@ def _decode_sets(
     if progress is not None:
         progress(stage, len(which), len(which))
     return found
+
+
+def _listed(shapes: Mapping[str, tuple[int, ...]] | None) -> dict[str, list[int]] | None:
+    return {k: list(v) for k, v in shapes.items()} if shapes is not None else None
 
 
 def _paired(

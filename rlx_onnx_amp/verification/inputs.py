@@ -1,8 +1,10 @@
 """Inputs for a verification run: the user's files, or seeded synthesis from the model.
 
 Synthesis rules (docs/verification.md, "Inputs"):
-- symbolic dimensions come from `--shape NAME:1x128`; otherwise the first axis gets 1 and every
-  other symbolic axis gets `DEFAULT_DIM`. A `dim_value` below 0 (Paddle writes -1) is symbolic,
+- symbolic dimensions come from `--shape NAME:1x128`; otherwise from the model and a size a user
+  sends (`sizes.plan_sizes`: one size per axis name, metadata_props, the model's stride, batch 1,
+  128 tokens, a 224 image side, a second of audio), with a second size for half the sets
+  (`synthesized_sets`). A `dim_value` below 0 (Paddle writes -1) is symbolic,
   as onnxruntime reads it; a `dim_value` of 0 is a fixed, empty axis (onnxruntime runs such an
   input only on empty tensors), so nothing else fits it;
 - no synthesized tensor may exceed `MAX_SYNTHESIZED_BYTES` (2 GiB, in the input's own type), checked
@@ -12,8 +14,10 @@ Synthesis rules (docs/verification.md, "Inputs"):
 - integer inputs that index an embedding table (a Gather whose data is an initializer, reached
   through Cast/Reshape/Unsqueeze/...) get token ids below the table size; those that index
   another tensor of fixed shape (Gather, GatherElements, ScatterElements, GatherND, ScatterND
-  indices) get values below its extent; inputs whose name says "mask" get {0, 1}; an integer
-  scalar the graph compares with a constant (`Equal(sr, 16000)`) gets that constant; other
+  indices, through value-passing ops, at the planned shapes: `sizes.index_extents`) get values
+  below its extent; inputs whose name says "mask" get {0, 1}; an integer scalar the graph
+  compares with a constant (`Equal(sr, 16000)`) gets that constant, one named `sr` or
+  `sample_rate` 16000; other
   integer scalars must come from --input-range or a file (with verification by default: written
   unverified, exit 4); other integer inputs get values in [0, 2);
 - `--input-range NAME:LO,LO` (LO = HI) gives the constant LO;
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import io
 import json
 import math
@@ -44,6 +47,7 @@ from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError, first_line
 from rlx_onnx_amp.files import OutputSet
 from rlx_onnx_amp.precision import FLOAT_TYPES
 from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
+from rlx_onnx_amp.verification.sizes import SizePlan, index_extents, plan_sizes
 
 __all__ = [
     "DEFAULT_DIM",
@@ -68,6 +72,10 @@ DEFAULT_SEED = 0
 MAX_SYNTHESIZED_BYTES = 2**31
 
 _F32_MAX = float(np.finfo(np.float32).max)
+
+#: An integer scalar input that holds a sample rate, and the rate it gets when the graph says none.
+_SAMPLE_RATE = re.compile(r"^(sr|sample_?rate|sampling_?rate)$", re.I)
+DEFAULT_SAMPLE_RATE = 16000
 
 # Ops that pass integer ids through unchanged in value, on the way to a Gather.
 _ID_PASSTHROUGH = frozenset(
@@ -157,39 +165,8 @@ def _vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
     return sizes
 
 
-#: Ops that read an input as indices into their data (input 0) along an axis: (op, index input).
-_INDEXING = {"Gather": 1, "GatherElements": 1, "ScatterElements": 1, "ScatterND": 1, "GatherND": 1}
 #: Comparisons whose other side, a constant, is the natural value of an integer scalar input.
 _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
-
-
-def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """Graph input -> the extent its values index in another tensor of fixed shape (a Gather's
-    or ScatterElements' data along its axis, a graph input or an initializer), where every such
-    reader says; an input that also indexes an embedding table is `_vocab_sizes`'."""
-    graph = model.graph
-    fixed: dict[str, tuple[int, ...]] = {t.name: tuple(t.dims) for t in graph.initializer}
-    for vi in _graph_inputs(model):
-        dims = vi.type.tensor_type.shape.dim
-        if vi.type.HasField("tensor_type") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-            fixed[vi.name] = tuple(d.dim_value for d in dims)
-    bounds: dict[str, int] = {}
-    inputs = {vi.name for vi in _graph_inputs(model)}
-    for node in graph.node:
-        index = _INDEXING.get(node.op_type)
-        if index is None or len(node.input) <= index or node.input[index] not in inputs:
-            continue
-        data = fixed.get(node.input[0])
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if node.op_type in ("GatherND", "ScatterND"):
-            axis = 0  # the first index tuple's axis: the smallest bound that fits every axis is safe
-            extent = min(data) if data else 0
-        else:
-            extent = data[axis] if data and -len(data) <= axis < len(data) else 0
-        if extent:
-            name = node.input[index]
-            bounds[name] = min(bounds.get(name, extent), extent)
-    return bounds
 
 
 def _compared_constants(model: onnx.ModelProto) -> dict[str, float]:
@@ -217,22 +194,6 @@ def _compared_constants(model: onnx.ModelProto) -> dict[str, float]:
     return found
 
 
-def _shape(vi: onnx.ValueInfoProto, spec: InputSpec) -> tuple[int, ...]:
-    return spec.shapes[vi.name] if vi.name in spec.shapes else concrete_input_shape(vi)
-
-
-def _guessed_shapes(model: onnx.ModelProto, spec: InputSpec) -> dict[str, tuple[int, ...]]:
-    """The synthesized shape of each graph input with an axis that neither the model nor
-    --shape fixes (guessed: 1 for the first axis, `DEFAULT_DIM` for the others)."""
-    guessed = {}
-    for vi in _graph_inputs(model):
-        if vi.name in spec.shapes or not vi.type.HasField("tensor_type"):
-            continue
-        if any(not (d.HasField("dim_value") and d.dim_value > 0) for d in vi.type.tensor_type.shape.dim):
-            guessed[vi.name] = concrete_input_shape(vi)
-    return guessed
-
-
 class UnsynthesizableInput(InputError):
     """No value can be synthesized for an input (an integer scalar the graph gives no hint of):
     with verification by default, the model is written unverified (exit 4) and this says how to
@@ -245,17 +206,23 @@ class GuessedAxesError(InputError):
     (an onnxruntime-genai folder's config) the caller may say so."""
 
 
-def synthesized_inputs_error(error: ModelRunError, model: onnx.ModelProto, spec: InputSpec) -> AmpError:
+def synthesized_inputs_error(
+    error: ModelRunError, model: onnx.ModelProto, spec: InputSpec, tried: Sequence[SizePlan] = ()
+) -> AmpError:
     """What to say when the reference cannot run on synthesized inputs: where some of their
-    axes were guessed, the guess is the likely cause (an audio Conv wider than 8 samples), and
-    the user can give real sizes, so it is an input error (exit 2) that says how; otherwise
-    the model itself cannot run, and the error stands."""
-    guessed = _guessed_shapes(model, spec)
+    axes were guessed, the guess is the likely cause (an audio Conv wider than the chunk), and
+    the user can give real sizes, so it is an input error (exit 2) that says how, with the sizes
+    `tried`; otherwise the model itself cannot run, and the error stands."""
+    plans = list(tried) or [plan_sizes(model, spec.shapes)]
+    guessed = plans[0].guessed
     if not guessed:
         return error
-    shown = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in guessed.items())
+    shown = plans[0].shown({n: plans[0].shapes[n] for n in guessed})
+    sides = ["x".join(map(str, p.shapes[guessed[0]])) for p in plans]
+    others = sorted(set(sides[1:]) - {sides[0]}, key=sides.index)
+    also = f"; {guessed[0]} also tried at {', '.join(others)}" if others else ""
     return GuessedAxesError(
-        f"{error} on synthesized inputs whose symbolic axes were guessed ({shown}); "
+        f"{error} on synthesized inputs whose symbolic axes were guessed ({shown}{also}); "
         "give their sizes with --shape NAME:1x128, or real inputs with --inputs FILE"
     )
 
@@ -268,43 +235,49 @@ def branch_conditions(model: onnx.ModelProto) -> list[str]:
     return sorted(set(found))
 
 
-def synthesized_sets(model: onnx.ModelProto, spec: InputSpec) -> list[dict[str, np.ndarray]]:
-    """The seeded input sets of a verification: `spec.samples` of them, and at least two when
-    an If's condition is a graph input, which then is False in the first set and True in the
-    second (and alternates), so each branch runs. A decoder step with a key/value cache gets
-    coherent inputs (`_cache_step`)."""
+def synthesized_sets(
+    model: onnx.ModelProto, spec: InputSpec, plan: SizePlan | None = None
+) -> list[dict[str, np.ndarray]]:
+    """The seeded input sets of a verification: `spec.samples` of them at the plan's sizes
+    (`sizes.plan_sizes`), and as many again at its second size where it has one (`plan.grown`),
+    with other values. At least two sets per size when an If's condition is a graph input, which
+    then is False in the first set and True in the second (and alternates), so each branch runs.
+    A decoder step with a key/value cache gets coherent inputs (`_cache_step`)."""
+    plan = plan or plan_sizes(model, spec.shapes)
     conditions = [c for c in branch_conditions(model) if c not in spec.ranges]
     count = max(spec.samples, 2 if conditions else 1)
-    # A merged decoder's cached branch (the condition True) takes one new token after its past,
-    # as a generator feeds it: several new tokens at once are no step its cache can go on from.
-    steps = {False: _cache_step(model, spec)}
-    if conditions:
-        steps[True] = _cache_step(model, _one_new_token(model, spec))
+    sizes = [plan.shapes] + ([{**plan.shapes, **plan.grown}] if plan.grown else [])
     sets = []
-    for k in range(count):
-        cached = bool(conditions) and k % 2 == 1
-        step_spec, values = steps[cached]
-        feeds = synthesize(model, step_spec, k)
-        for name in conditions:
-            feeds[name] = np.full(feeds[name].shape, cached, dtype=np.bool_)
-        for name, value in values.items():
-            feeds[name] = np.broadcast_to(value, feeds[name].shape).astype(feeds[name].dtype)
-        sets.append(feeds)
+    for size, shapes in enumerate(sizes):
+        # A merged decoder's cached branch (the condition True) takes one new token after its past,
+        # as a generator feeds it: several new tokens at once are no step its cache can go on from.
+        steps = {False: _cache_step(model, spec, shapes)}
+        if conditions:
+            steps[True] = _cache_step(model, spec, _one_new_token(model, spec, shapes))
+        for k in range(count):
+            cached = bool(conditions) and k % 2 == 1
+            step_shapes, values = steps[cached]
+            feeds = synthesize(model, spec, size * count + k, step_shapes)
+            for name in conditions:
+                feeds[name] = np.full(feeds[name].shape, cached, dtype=np.bool_)
+            for name, value in values.items():
+                feeds[name] = np.broadcast_to(value, feeds[name].shape).astype(feeds[name].dtype)
+            sets.append(feeds)
     return sets
 
 
-def _one_new_token(model: onnx.ModelProto, spec: InputSpec) -> InputSpec:
-    """`spec` with `input_ids` one position long, for a decoder step that reads a past cache,
+def _one_new_token(model: onnx.ModelProto, spec: InputSpec, shapes: Mapping[str, Shape]) -> dict[str, Shape]:
+    """`shapes` with `input_ids` one position long, for a decoder step that reads a past cache,
     where the ids' length is symbolic and the user gave no shape for it."""
     inputs = {vi.name: vi for vi in _graph_inputs(model)}
     ids = inputs.get("input_ids")
     if ids is None or "input_ids" in spec.shapes or not any(PAST_INPUT.match(n) for n in inputs):
-        return spec
-    shape = concrete_input_shape(ids)
+        return dict(shapes)
+    shape = shapes["input_ids"]
     dims = ids.type.tensor_type.shape.dim
     if len(shape) != 2 or (dims[1].HasField("dim_value") and dims[1].dim_value > 0):
-        return spec
-    return dataclasses.replace(spec, shapes={**spec.shapes, "input_ids": (shape[0], 1)})
+        return dict(shapes)
+    return {**shapes, "input_ids": (shape[0], 1)}
 
 
 #: A key/value cache input of a generator's decoder step (optimum, onnxruntime-genai), and the
@@ -312,19 +285,21 @@ def _one_new_token(model: onnx.ModelProto, spec: InputSpec) -> InputSpec:
 PAST_INPUT = re.compile(r"^(?:past_key_values|past)\.(?P<part>.*)$")
 
 
-def _cache_step(model: onnx.ModelProto, spec: InputSpec) -> tuple[InputSpec, dict[str, np.ndarray]]:
+def _cache_step(
+    model: onnx.ModelProto, spec: InputSpec, planned: Mapping[str, Shape]
+) -> tuple[dict[str, Shape], dict[str, np.ndarray]]:
     """For a decoder step that reads a past cache (`past_key_values.N.key`, P positions) and new
     `input_ids` (S positions): an `attention_mask` over all P + S positions, all ones (no padding),
     and `position_ids` P .. P + S - 1, where their axes are symbolic and the user gave neither
-    (random ones point past the cache, which the model's Gather or attention refuses). The spec
-    with those shapes, and the values to set."""
+    (random ones point past the cache, which the model's Gather or attention refuses). The
+    `planned` shapes with those, and the values to set."""
     inputs = {vi.name: vi for vi in _graph_inputs(model)}
     past = sorted(n for n in inputs if PAST_INPUT.match(n))
     if not past or "input_ids" not in inputs or "attention_mask" not in inputs:
-        return spec, {}
-    past_shape, ids_shape = _shape(inputs[past[0]], spec), _shape(inputs["input_ids"], spec)
+        return dict(planned), {}
+    past_shape, ids_shape = planned[past[0]], planned["input_ids"]
     if len(past_shape) < 3 or len(ids_shape) != 2:
-        return spec, {}
+        return dict(planned), {}
     batch, steps, cached = ids_shape[0], ids_shape[1], past_shape[-2]
     shapes: dict[str, tuple[int, ...]] = {}
     values: dict[str, np.ndarray] = {}
@@ -338,7 +313,7 @@ def _cache_step(model: onnx.ModelProto, spec: InputSpec) -> tuple[InputSpec, dic
         shapes[name] = shape
         if name not in spec.ranges:
             values[name] = value
-    return dataclasses.replace(spec, shapes={**spec.shapes, **shapes}), values
+    return {**planned, **shapes}, values
 
 
 def _symbolic(vi: onnx.ValueInfoProto) -> bool:
@@ -348,8 +323,11 @@ def _symbolic(vi: onnx.ValueInfoProto) -> bool:
         d.HasField("dim_param") or d.HasField("dim_value")) for d in dims)
 
 
-def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict[str, np.ndarray]:
-    """One seeded feed for every graph input of `model`."""
+def synthesize(
+    model: onnx.ModelProto, spec: InputSpec, sample: int = 0, shapes: Mapping[str, Shape] | None = None
+) -> dict[str, np.ndarray]:
+    """One seeded feed for every graph input of `model`, at `shapes` (`sizes.plan_sizes`'
+    by default)."""
     rng = np.random.default_rng(spec.seed + sample)
     names = {vi.name for vi in _graph_inputs(model)}
     for option, given in (("--shape", spec.shapes), ("--input-range", spec.ranges)):
@@ -359,33 +337,14 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
                 f"{option}: the model has no input named {', '.join(map(repr, unknown))} "
                 f"(inputs: {', '.join(sorted(names))})"
             )
+    shapes = shapes if shapes is not None else plan_sizes(model, spec.shapes).shapes
     vocab = _vocab_sizes(model)
-    bounds = _index_bounds(model)
+    bounds = index_extents(model, shapes)
     compared = _compared_constants(model)
     feeds: dict[str, np.ndarray] = {}
-    for vi, dtype, shape in _checked_shapes(model, spec):
+    for vi, dtype, shape in _checked_shapes(model, shapes):
         elem = vi.type.tensor_type.elem_type
-        if vi.name in spec.ranges:
-            lo, hi = spec.ranges[vi.name]
-        elif elem in FLOAT_TYPES or elem == TensorProto.DOUBLE:
-            lo, hi = -1.0, 1.0
-        elif elem == TensorProto.BOOL:
-            lo, hi = 0, 2
-        elif vi.name in vocab:
-            lo, hi = 0, vocab[vi.name]
-        elif vi.name in bounds:  # indices into another tensor: within its extent
-            lo, hi = 0, bounds[vi.name]
-        elif "mask" in vi.name.lower():
-            lo, hi = 0, 2
-        elif not shape and vi.name in compared:  # the value the graph compares it with
-            lo = hi = compared[vi.name]
-        elif not shape:
-            raise UnsynthesizableInput(
-                f"input {vi.name!r} is an integer scalar the graph compares with no constant; "
-                f"give --input-range {vi.name}:LO,HI or --inputs FILE"
-            )
-        else:
-            lo, hi = 0, 2
+        lo, hi = _value_range(vi, shape, spec, vocab, bounds, compared)
         if vi.name in spec.ranges:
             _check_range_fits(vi.name, dtype, lo, hi)
         if np.issubdtype(dtype, np.floating) or elem in FLOAT_TYPES:
@@ -395,6 +354,40 @@ def synthesize(model: onnx.ModelProto, spec: InputSpec, sample: int = 0) -> dict
         else:
             feeds[vi.name] = rng.integers(int(lo), max(int(hi), int(lo) + 1), shape).astype(dtype)
     return feeds
+
+
+def _value_range(
+    vi: onnx.ValueInfoProto,
+    shape: Shape,
+    spec: InputSpec,
+    vocab: Mapping[str, int],
+    bounds: Mapping[str, int],
+    compared: Mapping[str, float],
+) -> tuple[float, float]:
+    """The range an input's values are drawn from (the module docstring's rules, in order)."""
+    elem = vi.type.tensor_type.elem_type
+    if vi.name in spec.ranges:
+        return spec.ranges[vi.name]
+    if elem in FLOAT_TYPES or elem == TensorProto.DOUBLE:
+        return -1.0, 1.0
+    if elem == TensorProto.BOOL:
+        return 0, 2
+    if vi.name in vocab:
+        return 0, vocab[vi.name]
+    if vi.name in bounds:  # indices into another tensor: within its extent
+        return 0, bounds[vi.name]
+    if "mask" in vi.name.lower():
+        return 0, 2
+    if not shape and vi.name in compared:  # the value the graph compares it with
+        return compared[vi.name], compared[vi.name]
+    if not shape and _SAMPLE_RATE.search(vi.name):  # a voice model's rate: what most take
+        return DEFAULT_SAMPLE_RATE, DEFAULT_SAMPLE_RATE
+    if not shape:
+        raise UnsynthesizableInput(
+            f"input {vi.name!r} is an integer scalar the graph compares with no constant; "
+            f"give --input-range {vi.name}:LO,HI or --inputs FILE"
+        )
+    return 0, 2
 
 
 def _check_range_fits(name: str, dtype: np.dtype, lo: float, hi: float) -> None:
@@ -415,7 +408,9 @@ def _check_range_fits(name: str, dtype: np.dtype, lo: float, hi: float) -> None:
                 raise InputError(f"--input-range {name}:{lo:g},{hi:g}: the bounds overflow the input's {dtype}")
 
 
-def _checked_shapes(model: onnx.ModelProto, spec: InputSpec) -> list[tuple[onnx.ValueInfoProto, np.dtype, Shape]]:
+def _checked_shapes(
+    model: onnx.ModelProto, shapes: Mapping[str, Shape]
+) -> list[tuple[onnx.ValueInfoProto, np.dtype, Shape]]:
     """(input, dtype, shape) of every graph input to synthesize; InputError, before anything is
     allocated, for one that is no tensor or whose tensor would exceed `MAX_SYNTHESIZED_BYTES`."""
     planned = []
@@ -423,7 +418,7 @@ def _checked_shapes(model: onnx.ModelProto, spec: InputSpec) -> list[tuple[onnx.
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input {vi.name!r} is not a tensor; give --inputs FILE")
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        shape = _shape(vi, spec)
+        shape = tuple(shapes[vi.name]) if vi.name in shapes else concrete_input_shape(vi)
         size = math.prod(shape) * dtype.itemsize  # Python ints: no overflow however large the shape
         if size > MAX_SYNTHESIZED_BYTES:
             raise InputError(

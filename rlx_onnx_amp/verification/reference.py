@@ -12,6 +12,7 @@ the model ran. Nothing is run twice, and one session is held at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from rlx_onnx_amp.verification.inputs import (
     synthesized_sets,
 )
 from rlx_onnx_amp.verification.screen import ScreenPlan
+from rlx_onnx_amp.verification.sizes import SizePlan, plan_sizes
 
 __all__ = ["Reference", "ReferenceUnavailable", "choosing_sets", "input_sets", "prepare_reference"]
 
@@ -73,6 +75,19 @@ class Reference:
     #: Value name -> the shape onnxruntime produced for it on the first input set (graph inputs,
     #: outputs and, when screened, the main graph's values the cost model reads).
     value_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: The sizes synthesized inputs were drawn at, and why (None: the user's --inputs).
+    sizes: SizePlan | None = None
+
+    def second_size(self) -> dict[str, tuple[int, ...]] | None:
+        """Each input's shape in the first input set at the plan's second size, where it has one."""
+        if self.sizes is None or not self.sizes.grown:
+            return None
+        first = self.shapes()
+        return next(
+            ({n: tuple(v.shape) for n, v in s.items()} for s in self.samples
+             if any(tuple(s[n].shape) != first[n] for n in self.sizes.grown if n in s)),
+            None,
+        )
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Each input's shape in the first input set: what the run's cost model counts at."""
@@ -94,25 +109,83 @@ def prepare_reference(
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
     options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
+    plan = None if options.inputs else plan_sizes(model, options.spec.shapes)
     try:
-        samples = input_sets(model, options)
+        samples = input_sets(model, options, plan)
     except UnsynthesizableInput as e:  # no run without a value the user has to give
         raise ReferenceUnavailable(e) from None
     outputs = [o.name for o in model.graph.output]
-    reference = Reference(ref_path, model, provider, samples, outputs, [], [])
+    reference = Reference(ref_path, model, provider, samples, outputs, [], [], sizes=plan)
     try:
-        if screen:
-            _screened_run(reference, progress, choosing_sets(len(samples)) if held_out else len(samples))
-        else:
-            session = Session(str(ref_path), provider, str(ref_path), role="the input")
-            reference.providers_used = session.session.get_providers()
-            reference.runs = run_each(session, samples, outputs, progress, "running the reference")
+        _run(reference, screen, held_out, progress)
     except ModelRunError as e:
-        raise ReferenceUnavailable(e if options.inputs else synthesized_inputs_error(e, model, options.spec)) from None
+        if plan is None or not plan.guessed:
+            error = e if options.inputs else synthesized_inputs_error(e, model, options.spec)
+            raise ReferenceUnavailable(error) from None
+        # The sizes were guessed: try others, one reference run each, before giving up.
+        found, tried = _other_sizes(reference, options, plan)
+        if found is None:
+            raise ReferenceUnavailable(synthesized_inputs_error(e, model, options.spec, tried)) from None
+        logger.info("inputs: %s (after %s failed: %s)", found.shown(), plan.shown(), e)
+        reference.sizes, reference.samples = found, input_sets(model, options, found)
+        try:
+            _run(reference, screen, held_out, progress)
+        except ModelRunError as again:
+            raise ReferenceUnavailable(synthesized_inputs_error(again, model, options.spec, tried)) from None
     if not reference.value_shapes:  # not screened: the inputs and outputs alone
         outs = reference.runs[0] if reference.runs else {}
         reference.value_shapes = {**reference.shapes(), **{n: tuple(np.shape(v)) for n, v in outs.items()}}
     return reference
+
+
+def _run(reference: Reference, screen: bool, held_out: bool, progress: Progress | None) -> None:
+    """The reference's run on its input sets (screened with `screen`)."""
+    total = len(reference.samples)
+    if screen:
+        _screened_run(reference, progress, choosing_sets(total) if held_out else total)
+        return
+    session = Session(str(reference.path), reference.provider, str(reference.path), role="the input")
+    reference.providers_used = session.session.get_providers()
+    reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
+
+
+def _other_sizes(
+    reference: Reference, options: VerifyOptions, first: SizePlan
+) -> tuple[SizePlan | None, list[SizePlan]]:
+    """The first sizes the reference runs at, after `first` failed: `first` without its second
+    size, then each attempt of `plan_sizes` (its second size dropped where only that fails),
+    each try one run of one input set on one session. None where no size runs; and every plan
+    tried, `first` first."""
+    tried = [first]
+    model, spec = reference.model, options.spec
+    try:
+        session = Session(str(reference.path), reference.provider, str(reference.path), role="the input")
+    except ModelRunError:  # no session at all: no size helps
+        return None, tried
+
+    def runs(plan: SizePlan, grown: bool) -> bool:
+        shapes = {**plan.shapes, **plan.grown} if grown else plan.shapes
+        # the first set as synthesized_sets draws it (a decoder step's mask over past and new tokens)
+        feeds = synthesized_sets(model, dataclasses.replace(spec, samples=1), SizePlan(shapes, plan.why))[0]
+        try:
+            session.run(feeds, reference.output_names[:1])
+        except ModelRunError as e:
+            logger.info("the reference cannot run at %s: %s", plan.shown(shapes), e)
+            return False
+        return True
+
+    for attempt in range(first.attempts):
+        plan = first if attempt == 0 else plan_sizes(model, spec.shapes, attempt)
+        if attempt:
+            tried.append(plan)
+            if not runs(plan, False):
+                continue
+        elif not (first.grown and runs(first, False)):
+            continue  # the first size itself fails (or there is no second one to blame)
+        if plan.grown and runs(plan, True):
+            return plan, tried
+        return plan_sizes(model, spec.shapes, attempt, grow=False), tried
+    return None, tried
 
 
 def choosing_sets(total: int) -> int:
@@ -163,9 +236,11 @@ def _screened_run(reference: Reference, progress: Progress | None, screened: int
     reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
 
 
-def input_sets(model: onnx.ModelProto, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
-    """The input sets a verification runs: the user's file, or seeded synthesis; checked
-    against the model before anything runs."""
-    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec)
+def input_sets(
+    model: onnx.ModelProto, options: VerifyOptions, plan: SizePlan | None = None
+) -> list[dict[str, np.ndarray]]:
+    """The input sets a verification runs: the user's file, or seeded synthesis (at `plan`'s
+    sizes, `sizes.plan_sizes`' by default); checked against the model before anything runs."""
+    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec, plan)
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples

@@ -1,0 +1,221 @@
+"""Inputs that fit and exercise the model (issue 50): one size per axis name across inputs, an
+RNN's state sized from its X, indices drawn within the axis they index, image sides a multiple of
+the model's stride or from ultralytics' metadata_props, defaults a user sends (128 tokens, a 224
+image side) and a second size that shows drift growing with length."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from rlx_onnx_amp.verification.inputs import InputSpec, synthesized_sets
+from rlx_onnx_amp.verification.sizes import model_stride, plan_sizes
+from tests.helpers import rlx, run
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+RNG = np.random.default_rng(50)
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: list, opset: int = 17) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(nodes, "m", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _w(name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def lstm_batch_first() -> onnx.ModelProto:
+    """A torch batch-first LSTM's export: x [batch, seq, 4] transposed into the LSTM, its states
+    h0, c0 [1, batch, 8]: `batch` at axis 0 of one input and axis 1 of the others."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+        helper.make_node("LSTM", ["xt", "W", "R", "B", "", "h0", "c0"], ["", "hn", ""], hidden_size=8),
+        helper.make_node("Squeeze", ["hn", "zero"], ["y"]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, ["batch", "seq", 4]),
+              helper.make_tensor_value_info("h0", F, [1, "batch", 8]),
+              helper.make_tensor_value_info("c0", F, [1, "batch", 8])]
+    inits = [_w("W", 1, 32, 4), _w("R", 1, 32, 8), _w("B", 1, 64),
+             numpy_helper.from_array(np.array([0], np.int64), "zero")]
+    return _model(nodes, inputs, [helper.make_tensor_value_info("y", F, ["batch", 8])], inits)
+
+
+def gnn() -> onnx.ModelProto:
+    """A message-passing layer: node features x [num_nodes, 4], edge_index [2, num_edges] whose
+    rows index the rows of h = x @ W (a value, not an input: its rows are x's)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("Gather", ["edge_index", "zero"], ["src"], axis=0),
+        helper.make_node("Gather", ["edge_index", "one"], ["dst"], axis=0),
+        helper.make_node("Gather", ["h", "src"], ["hs"], axis=0),
+        helper.make_node("Gather", ["h", "dst"], ["hd"], axis=0),
+        helper.make_node("Mul", ["hs", "hd"], ["m"]),
+        helper.make_node("ReduceSum", ["m", "axes"], ["score"], keepdims=0),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, ["num_nodes", 4]),
+              helper.make_tensor_value_info("edge_index", I64, [2, "num_edges"])]
+    inits = [_w("W", 4, 8), numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    return _model(nodes, inputs, [helper.make_tensor_value_info("score", F, ["num_edges"])], inits)
+
+
+def stride32(metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    """A detector's neck in miniature: five stride-2 convs (stride 32), upsampled x32 and
+    concatenated with the image: the Concat needs sides that are multiples of 32."""
+    nodes, prev = [], "images"
+    inits = [numpy_helper.from_array(np.array([1, 1, 32, 32], np.float32), "scales"),
+             numpy_helper.from_array(np.zeros(0, np.float32), "roi")]
+    for k in range(5):
+        inits.append(_w(f"w{k}", 3, 3, 3, 3))
+        nodes.append(helper.make_node("Conv", [prev, f"w{k}"], [f"c{k}"], strides=[2, 2], pads=[1, 1, 1, 1]))
+        prev = f"c{k}"
+    nodes += [helper.make_node("Resize", [prev, "roi", "scales"], ["up"], mode="nearest"),
+              helper.make_node("Concat", ["images", "up"], ["out"], axis=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("images", F, ["batch", 3, "height", "width"])],
+                   [helper.make_tensor_value_info("out", F, ["batch", 6, "height", "width"])], inits)
+    for key, value in (metadata or {}).items():
+        model.metadata_props.add(key=key, value=value)
+    return model
+
+
+def pooled_score() -> onnx.ModelProto:
+    """A score from a sum over the sequence: 300 * sum(x + 1.5) reaches about 58000 at 128
+    tokens, within float16 (65504), and about 115000 at 256, past it."""
+    nodes = [helper.make_node("Add", ["x", "shift"], ["xs"]),
+             helper.make_node("ReduceSum", ["xs", "axes"], ["s"], keepdims=1),
+             helper.make_node("Mul", ["s", "k"], ["big"]),
+             helper.make_node("Mul", ["big", "small"], ["score"])]
+    inits = [numpy_helper.from_array(np.array(1.5, np.float32), "shift"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(300, np.float32), "k"),
+             numpy_helper.from_array(np.array(1e-4, np.float32), "small")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", "sequence"])],
+                  [helper.make_tensor_value_info("score", F, ["batch", 1])], inits)
+
+
+def _convert(tmp_path: Path, model: onnx.ModelProto, *args: str) -> tuple[int, dict, str]:
+    src, out, report = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(model, str(src))
+    result = rlx(src, "-o", out, "--provider", "cpu", "--report-json", report, *args)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return result.returncode, data, result.stdout + result.stderr
+
+
+def test_one_size_per_axis_name_and_rnn_states_follow_x(tmp_path: Path) -> None:
+    plan = plan_sizes(lstm_batch_first(), {})
+    assert plan.shapes == {"x": (1, 128, 4), "h0": (1, 1, 8), "c0": (1, 1, 8)}
+    assert plan.grown == {"x": (1, 256, 4)} and plan.why["x"] == "default batch 1, default sequence 128"
+    code, report, text = _convert(tmp_path, lstm_batch_first())
+    assert code == 0, text
+    verify = report["verify"]
+    assert verify["inputs"] == {"x": [1, 128, 4], "h0": [1, 1, 8], "c0": [1, 1, 8]}
+    assert verify["inputs_second"]["x"] == [1, 256, 4] and verify["samples"] == 2
+    assert "inputs: x 1x128x4 (default batch 1, default sequence 128)" in text and "second size: x 1x256x4" in text
+
+
+def test_an_rnn_reads_its_states_batch_from_x() -> None:
+    """X [seq, unk_x, 4] straight into an LSTM, its states [d, unk_s, h] named otherwise: the
+    states take X's batch (the LSTM's layout says which axis), its direction count and hidden_size."""
+    model = lstm_batch_first()
+    del model.graph.node[0]
+    model.graph.node[0].input[0] = "x"
+    for vi, names in zip(model.graph.input, (("steps_x", "unk_x", None), ("d", "unk_s", "h"), ("d", "unk_s", "h"))):
+        for d, name in zip(vi.type.tensor_type.shape.dim, names):
+            if name:
+                d.dim_param = name
+    plan = plan_sizes(model, {})
+    assert plan.shapes == {"x": (128, 1, 4), "h0": (1, 1, 8), "c0": (1, 1, 8)}
+    assert synthesized_sets(model, InputSpec())[1]["x"].shape == (256, 1, 4)
+    assert np.isfinite(run(model, synthesized_sets(model, InputSpec())[0])[0]).all()
+
+
+def test_edge_indices_are_drawn_within_the_node_rows(tmp_path: Path) -> None:
+    model = gnn()
+    first, second = synthesized_sets(model, InputSpec())
+    assert first["x"].shape == (64, 4) and first["edge_index"].shape == (2, 64)
+    assert second["x"].shape == (128, 4) and second["edge_index"].shape == (2, 128)
+    for feeds in (first, second):
+        rows = feeds["x"].shape[0]
+        assert feeds["edge_index"].min() >= 0 and feeds["edge_index"].max() < rows
+        assert feeds["edge_index"].max() >= rows // 2  # the whole range, not {0, 1}
+        assert np.isfinite(run(model, feeds)[0]).all()
+    code, report, text = _convert(tmp_path, model)
+    assert code == 0, text
+    assert report["verify"]["inputs"] == {"x": [64, 4], "edge_index": [2, 64]}
+
+
+def test_image_sides_are_a_multiple_of_the_models_stride(tmp_path: Path) -> None:
+    model = stride32()
+    assert model_stride(model) == 32
+    code, report, text = _convert(tmp_path, model, "-p", "always-f16")
+    assert code == 0, text
+    verify = report["verify"]
+    assert verify["inputs"]["images"] == [1, 3, 224, 224]
+    assert verify["inputs_second"]["images"] == [1, 3, 448, 448]
+    assert "default image side 224, a multiple of stride 32" in verify["inputs_why"]["images"]
+    # 8x8, the guess before: the Concat of the upsampled map (32x32) and the image refuses it
+    code, _, text = _convert(tmp_path, model, "-p", "always-f16", "--shape", "images:1x3x8x8")
+    assert code == 4 and "onnxruntime" in text
+
+
+def test_ultralytics_metadata_sizes_the_image(tmp_path: Path) -> None:
+    meta = {"imgsz": "[320, 320]", "stride": "32", "task": "detect", "batch": "1"}
+    code, report, text = _convert(tmp_path, stride32(meta), "-p", "always-f16")
+    assert code == 0, text
+    verify = report["verify"]
+    assert verify["inputs"]["images"] == [1, 3, 320, 320] and "inputs_second" not in verify
+    assert verify["inputs_why"]["images"] == "metadata batch, metadata imgsz"
+    assert "images 1x3x320x320 (metadata batch, metadata imgsz)" in text
+
+
+def test_sizes_that_do_not_run_are_retried(tmp_path: Path) -> None:
+    """An image model whose Reshape takes 320x320 only: 224 fails, 320 runs (one reference run
+    each); the report says the size chosen."""
+    shape = numpy_helper.from_array(np.array([1, 3 * 320 * 320], np.int64), "flat")
+    model = _model([helper.make_node("Reshape", ["images", "flat"], ["y"])],
+                   [helper.make_tensor_value_info("images", F, ["batch", 3, "height", "width"])],
+                   [helper.make_tensor_value_info("y", F, [1, 3 * 320 * 320])], [shape])
+    code, report, text = _convert(tmp_path, model, "-p", "always-f16")
+    assert code == 0, text
+    assert report["verify"]["inputs"]["images"] == [1, 3, 320, 320] and "inputs_second" not in report["verify"]
+
+
+def test_a_second_size_shows_what_grows_with_length(tmp_path: Path) -> None:
+    """The literal f16 conversion of a sum over the sequence: within float16 at 8 and 128 tokens,
+    inf at 256, the second size: the plain command's verdict sees it."""
+    model = pooled_score()
+    literal = ("-p", "always-f16", "--no-screen")
+    assert _convert(tmp_path, model, *literal, "--shape", "x:1x8")[0] == 0
+    assert _convert(tmp_path, model, *literal, "--shape", "x:1x128")[0] == 0
+    code, report, text = _convert(tmp_path, model, *literal)
+    assert code == 1, text
+    verify = report["verify"]
+    assert verify["inputs"]["x"] == [1, 128] and verify["inputs_second"]["x"] == [1, 256]
+    assert sum(o["new_inf"] for o in verify["outputs"]) > 0
+    # The range screen reads the same two sizes: it keeps the sum in f32.
+    code, report, text = _convert(tmp_path, model, "-p", "always-f16")
+    assert code == 0, text
+    assert {k["code"] for k in report["kept_f32"]} == {"range-screen"}
+
+
+def test_auto_and_repair_on_inputs_that_cannot_run_exit_as_the_plain_command(tmp_path: Path) -> None:
+    """A Conv wider than every length tried: the plain command writes the model unverified (exit
+    4) and says to give --shape; `--policy auto` and `--repair` do the same, not exit 2."""
+    weight = numpy_helper.from_array(np.full((1, 1, 100), 0.1, np.float32), "w")
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 1, "T"])],
+                   [helper.make_tensor_value_info("y", F, [1, 1, "U"])], [weight])
+    for flags in ((), ("-p", "auto"), ("--repair",)):
+        (tmp_path / "o.onnx").unlink(missing_ok=True)
+        code, report, text = _convert(tmp_path, model, *flags)
+        assert code == 4, (flags, text)
+        assert (tmp_path / "o.onnx").exists() and "verify" not in report
+        assert "x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8" in report["unverified"]
+        assert "rlx-amp: next: " in text and "--shape NAME:1x128" in text
+    assert _convert(tmp_path, model, "-p", "auto", "--verify")[0] == 2
