@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         PolicyError as PolicyError,
     )
     from rlx_onnx_amp.kernels import Target as Target
+    from rlx_onnx_amp.pipeline import run as run
     from rlx_onnx_amp.policy import POLICY_NAMES as POLICY_NAMES
     from rlx_onnx_amp.policy import Policy as Policy
     from rlx_onnx_amp.policy import policy_from_name as policy_from_name
@@ -69,6 +70,7 @@ _HOMES = {
     "Conversion": "reports.record",
     "ModelResult": "reports.record",
     "convert_and_report": "api",
+    "run": "pipeline",
     "OpKind": "taxonomy",
 }
 

@@ -6,19 +6,19 @@ import contextlib
 import dataclasses
 import logging
 import os
-import stat
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import onnx
-from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
 from rlx_onnx_amp.errors import InputError, first_line
 from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writable, content_data_name
 from rlx_onnx_amp.kernels import Target
+from rlx_onnx_amp.loading import load_checked, load_model
 from rlx_onnx_amp.policy import Policy, kind_map_from, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.proof import checker_failure, prove
@@ -27,8 +27,7 @@ from rlx_onnx_amp.reports.record import ByteCounts, Conversion
 from rlx_onnx_amp.rewrite import ConvertOptions, convert_model, rewrite_model
 from rlx_onnx_amp.rewrite.convert import gc_paused
 from rlx_onnx_amp.taxonomy import OpKind
-from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, check_inline_data, is_external, tensor_nbytes
-from rlx_onnx_amp.types import NodeFields, all_tensors
+from rlx_onnx_amp.tensors import ExternalSink, WeightSink, WeightSource, is_external
 
 __all__ = [
     "StagedModel",
@@ -41,6 +40,7 @@ __all__ = [
     "options_from",
     "plan_model_reads",
     "resolve_policy",
+    "screened_options",
     "stage_conversion",
     "write_demo",
 ]
@@ -109,57 +109,6 @@ def make_options(
     )
 
 
-def load_model(path: str | os.PathLike[str], *, load_external_data: bool = False) -> ModelProto:
-    """Load a model file; every failure is an InputError naming the file."""
-    return _load(path, load_external_data).model
-
-
-class _Loaded(NamedTuple):
-    model: ModelProto
-    tensors: list[onnx.TensorProto]  # initializers and tensor attributes, bodies included (`all_tensors`)
-    sizes: list[int]  # `tensor_nbytes` of each
-    fields: NodeFields | None
-
-
-def _load(path: str | os.PathLike[str], load_external_data: bool, read_fields: bool = False) -> _Loaded:
-    """The model and its tensors (initializers and tensor attributes, bodies included), every
-    tensor's data checked against its type and dims, external data inside the model's directory,
-    with their sizes; with `read_fields`, the main graph's nodes read once (`types.NodeFields`)
-    for the conversion too, else None."""
-    p = Path(path)
-    try:
-        info = p.stat()
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except OSError as e:
-        raise InputError(f"{str(p)[:200]}: cannot read ({e.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise InputError(f"{p}: not a regular file")
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError, OSError) as e:
-        reason = first_line(e, 1000) if str(e).strip() else "cannot parse"
-        raise InputError(f"{p}: not a valid ONNX model ({type(e).__name__}: {reason})") from None
-    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
-        raise InputError(f"{p}: not a valid ONNX model (no graph)")
-    if not model.opset_import:
-        raise InputError(f"{p}: not a valid ONNX model (no opset_import)")
-    source = WeightSource(p.parent, str(p))
-    sink = WeightSink()
-    fields = NodeFields.read(model.graph) if read_fields else None
-    tensors = list(all_tensors(model, fields))
-    sizes = []
-    for tensor in tensors:
-        if is_external(tensor):
-            source.check(tensor)
-            sizes.append(tensor_nbytes(tensor))
-            if load_external_data:
-                sink.copy_through(tensor, source)
-        else:
-            sizes.append(check_inline_data(tensor, str(p)))
-    return _Loaded(model, tensors, sizes, fields)
-
-
 def write_demo(path: str | os.PathLike[str]) -> Path:
     """Write the bundled demo model (a transformer block with a -1e9 attention mask) to `path`,
     whole or not at all; the same model as `rlx-amp demo`."""
@@ -180,7 +129,7 @@ def plan_model_reads(paths: RunPaths, path: str | os.PathLike[str], role: str) -
     paths.read(path, role)
     if not os.path.isfile(path):
         return  # loading it later says what is wrong
-    _plan_external_reads(paths, Path(path), _load(path, False).tensors, role)
+    _plan_external_reads(paths, Path(path), load_checked(path, False).tensors, role)
 
 
 def _file_bytes(model_path: Path, tensors: Iterable[onnx.TensorProto]) -> int:
@@ -204,11 +153,14 @@ def convert(
     kind_map: KindMap | None = None,
     options: ConvertOptions | None = None,
     check: bool = True,
+    screen: bool = True,
     **option_kwargs: object,
 ) -> ModelProto:
     """Return a mixed-precision copy of `model` (a ModelProto or a path); the input is never
     modified. `convert_and_report` returns what the conversion did beside it."""
-    return convert_and_report(model, policy, kind_map=kind_map, options=options, check=check, **option_kwargs)[0]
+    return convert_and_report(
+        model, policy, kind_map=kind_map, options=options, check=check, screen=screen, **option_kwargs
+    )[0]
 
 
 def convert_and_report(
@@ -218,6 +170,7 @@ def convert_and_report(
     kind_map: KindMap | None = None,
     options: ConvertOptions | None = None,
     check: bool = True,
+    screen: bool = True,
     **option_kwargs: object,
 ) -> tuple[ModelProto, Conversion]:
     """A mixed-precision copy of `model` (a ModelProto or a path), the input never modified,
@@ -228,6 +181,10 @@ def convert_and_report(
     converter cannot make sound raises InputError with the CLI's message, never returns a
     broken model. A result past 2 GiB (weights inline) cannot be checked in memory: use
     `convert_file`.
+
+    With `screen` (the default, as the command's) the model runs once in onnxruntime on the
+    inputs the command draws, and values that leave the low precision's range stay f32 (rule
+    range-screen; `screened_options`); `screen=False` is the rewrite alone.
 
     `option_kwargs` are those of `make_options`: keep_io_types, keep_f32_ops, keep_f32_nodes,
     keep_f32_paths, target (the execution provider the model is meant for: "cuda" or "cpu"),
@@ -242,7 +199,13 @@ def convert_and_report(
         work.CopyFrom(model)
         name = model.graph.name or "model"
         source = WeightSource(None, name)
+        if screen and not opts.value_ranges:
+            with tempfile.TemporaryDirectory(prefix="rlx-amp-screen-") as tmp:  # onnxruntime reads a file
+                saved = Path(tmp) / "model.onnx"
+                onnx.save(work, saved, save_as_external_data=work.ByteSize() >= PROTOBUF_LIMIT)
+                opts = screened_options(saved, opts, label=name)
     else:
+        opts = screened_options(model, opts) if screen else opts
         work = load_model(model, load_external_data=True)
         name = str(model)
         source = WeightSource(Path(model).parent, name)
@@ -265,6 +228,7 @@ def convert_file(
     data_name: str | None = None,
     check: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    screen: bool = True,
     **option_kwargs: Any,
 ) -> Conversion:
     """Convert a model file to `output_path`, streaming weights stored as external data.
@@ -273,8 +237,11 @@ def convert_file(
     earlier file at `output_path` (with its data file) in one step; see `rlx_onnx_amp.files`.
     `progress(done, total)` is called with weight bytes as tensors are written. The option
     keywords are those of `convert` (keep_io_types, keep_f32_ops, keep_f32_nodes,
-    keep_f32_paths, target, shapes).
+    keep_f32_paths, target, shapes); `screen` is `convert`'s. The command's whole pipeline
+    (verification, repair, the gate) is `rlx_onnx_amp.run`.
     """
+    opts = options_from(options, option_kwargs)
+    opts = screened_options(input_path, opts) if screen else opts
     paths = RunPaths()
     with OutputSet() as outputs:
         staged = stage_conversion(
@@ -284,13 +251,35 @@ def convert_file(
             paths,
             policy,
             kind_map=kind_map,
-            options=options_from(options, option_kwargs),
+            options=opts,
             data_name=data_name,
             check=check,
             progress=progress,
         )
         outputs.commit()
     return staged.conversion
+
+
+def screened_options(
+    model: str | os.PathLike[str], options: ConvertOptions, label: str | None = None
+) -> ConvertOptions:
+    """`options` with the range screen's ranges (and the shapes the MACs count at) from one
+    onnxruntime run of `model` on the inputs the command draws by default, as every door of
+    the pipeline screens (`pipeline.JobSettings.screen`); unchanged where they hold ranges
+    already. A model that cannot run on those inputs is converted unscreened, with a warning,
+    as the command and the onnx-ir pass do."""
+    if options.value_ranges:
+        return options
+    # The verification's modules (onnxruntime), here: `screen=False` does not load them.
+    from rlx_onnx_amp.verification import VerifyOptions
+    from rlx_onnx_amp.verification.reference import ReferenceUnavailable, prepare_reference
+
+    try:
+        reference = prepare_reference(model, VerifyOptions(target=options.target.value), screen=True)
+    except ReferenceUnavailable as e:
+        logger.warning("%s: not range-screened: %s", label or model, first_line(e.error))
+        return options
+    return reference.conversion_options(options)
 
 
 @dataclass
@@ -329,7 +318,7 @@ def stage_conversion(
     if data_name is not None:
         paths.write(dst.parent / data_name, "output data file")
     check_writable(dst, "output model")
-    model, tensors, sizes, fields = _load(src, False, read_fields=True)
+    model, tensors, sizes, fields = load_checked(src, False, read_fields=True)
     _plan_external_reads(paths, src, tensors, "input model")
     bytes_before = _file_bytes(src, tensors)
     paths.check()

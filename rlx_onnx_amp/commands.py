@@ -27,12 +27,11 @@ from rlx_onnx_amp.pipeline import ConvertJob, JobSettings, unexpected_failure
 from rlx_onnx_amp.policy import AUTO, POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.precision import Precision
 from rlx_onnx_amp.progress import StagedProgress, StageLines, TerminalReporters, status
+from rlx_onnx_amp.reports.inspect_text import compare_policies_table, inspect_table
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
 from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document, report_text, run_record
 from rlx_onnx_amp.reports.text import (
-    compare_policies_table,
     failed_verdict,
-    inspect_table,
     next_step,
     verify_markdown,
     verify_table,

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import onnx
 
-from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.files import STAGE_PREFIX, private_dir, remove_private_dir
+from rlx_onnx_amp.loading import load_model
 from rlx_onnx_amp.stops import signals_deferred
 from rlx_onnx_amp.tensors import WeightSource, is_external
 from rlx_onnx_amp.types import DEFAULT_DIM, all_tensors

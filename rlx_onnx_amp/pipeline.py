@@ -1,6 +1,7 @@
 """One model's way through rlx-amp, the same behind every door: the command line (one model, a
-batch, `--jobs`, an export directory), the library's `convert_file`, the Olive pass and the
-onnx-ir pass all make one checked `JobSettings` and run a `ConvertJob`:
+batch, `--jobs`, an export directory), the library's `run`, the Olive pass and the onnx-ir pass
+all make one checked `JobSettings` and run a `ConvertJob` (the library's `convert` and
+`convert_file` run its first two stages, `api.screened_options`):
 
 1. the reference's run on the verification's inputs, range-screened unless `screen` is off
    (where the settings verify; without verification nothing runs);
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from rlx_onnx_amp.api import checker_failure, stage_conversion
+from rlx_onnx_amp.api import KindMap, checker_failure, options_from, resolve_policy, stage_conversion
 from rlx_onnx_amp.directory import with_genai_folder_hint
 from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.exits import EXIT_INTERNAL, EXIT_LOW_GAIN, EXIT_UNVERIFIED, EXIT_USAGE
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLI_SPELLING",
+    "LIBRARY_SPELLING",
     "ConvertJob",
     "JobSettings",
     "LogReporter",
@@ -54,6 +56,7 @@ __all__ = [
     "ReporterFactory",
     "invalid_input",
     "reference_run",
+    "run",
     "unexpected_failure",
     "with_reference",
 ]
@@ -450,17 +453,67 @@ def _unavailable(e: ReferenceUnavailable, src: str | os.PathLike[str], settings:
     return str(error)
 
 
-def with_reference(options: ConvertOptions, reference: Reference | None) -> ConvertOptions:
-    """The conversion's options with what the reference's run measured: the value ranges the
-    range screen reads, and the shapes the MACs are counted at (`--shape` first)."""
-    if reference is None:
-        return options
-    return dataclasses.replace(
-        options,
-        value_ranges=reference.value_ranges,
-        shapes={**reference.shapes(), **options.shapes},
-        value_shapes=reference.value_shapes,  # the MACs from the shapes the run saw
+#: How the library's `run` spells the settings `JobSettings.checked` refuses.
+LIBRARY_SPELLING: Mapping[str, str] = {
+    "no_verify": "verify=False",
+    "repair": "repair=True",
+    "auto": "policy 'auto'",
+    "budget": "budget",
+    "min_low_share": "min_low_share",
+}
+
+
+def run(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    policy: Policy | str = "auto-mixed",
+    *,
+    kind_map: KindMap | None = None,
+    options: ConvertOptions | None = None,
+    verify: bool = True,
+    verify_options: VerifyOptions | None = None,
+    screen: bool = True,
+    repair: bool = False,
+    budget: int = DEFAULT_BUDGET,
+    min_low_share: float | None = None,
+    data_name: str | None = None,
+    reporters: ReporterFactory = LogReporter,
+    **option_kwargs: object,
+) -> ModelResult:
+    """What `rlx-amp INPUT -o OUTPUT --policy POLICY` does for one model, from Python: the same
+    checked settings and stages (the reference's run and range screen, the conversion, the
+    verdict on the written file, with `repair` or policy `auto` the search, `min_low_share`'s
+    gate), the reports aside; the answer is the `ModelResult` every report reads (its
+    `exit_code` is the command's). Nothing is printed: `reporters` is told what happens
+    (`LogReporter`: logging). The output is written as the command writes it, a failed
+    verdict included; an error a user can cause raises `AmpError` and writes nothing.
+
+    Unlike the command, the run is not under a supervisor: an onnxruntime crash ends the
+    caller's process, which a library must not fork behind its caller's back (threads, CUDA
+    contexts); the command (`rlx-amp`) contains it."""
+    settings = JobSettings.checked(
+        resolve_policy(policy, kind_map),
+        options_from(options, option_kwargs),
+        verify_options,
+        verify=None if verify else False,
+        repair=repair,
+        budget=budget,
+        min_low_share=min_low_share,
+        spelling=LIBRARY_SPELLING,
+        screen=screen,
+        data_name=data_name,
     )
+    paths = RunPaths()
+    with OutputSet(paths.protected()) as outputs:
+        result = ConvertJob(settings, paths, reporters).convert(str(input_path), str(output_path), outputs)
+        outputs.commit()
+    return result
+
+
+def with_reference(options: ConvertOptions, reference: Reference | None) -> ConvertOptions:
+    """The conversion's options with what the reference's run measured, where it ran
+    (`Reference.conversion_options`)."""
+    return options if reference is None else reference.conversion_options(options)
 
 
 def invalid_input(models: Sequence[str]) -> str | None:

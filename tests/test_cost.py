@@ -101,10 +101,10 @@ def test_cost_is_in_every_report(tmp_path: Path) -> None:
                  "--report-md", tmp_path / "r.md")
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "r.json").read_text())
-    # --shape without --verify feeds the cost model: the MatMul's and the Einsum's (which
-    # broadcasts e_in's batch of 1) 60 MACs each count twice.
-    assert data["cost"]["input_shapes"]["a"] == [2, 3, 4] and data["cost"]["macs"] == 11976 + 60 + 60
-    line = "12.1 k MACs, 100% low; weights 100% low; 8 float Casts moving 3.08 kB per inference; 4 low-precision islands"
+    # --shape a:2x3x4 sizes the axis name `n` in every input (img, e_in too): every op but the
+    # Gemm (no batch axis, 336 MACs) counts twice.
+    assert data["cost"]["input_shapes"]["img"] == [2, 3, 8, 8] and data["cost"]["macs"] == 336 + 2 * (11976 - 336)
+    line = "23.6 k MACs, 100% low; weights 100% low; 8 float Casts moving 5.12 kB per inference; 4 low-precision islands"
     assert f"cost: {line}" in result.stdout
     assert f"Cost: {line}" in (tmp_path / "r.md").read_text()
     verified = rlx(src, "--policy", "always-f16", "-o", out, "--verify", "--provider", "cpu", "--report-md",

@@ -117,6 +117,19 @@ def _f16_mask_block(tmp_path: Path) -> tuple[Path, Path]:
     return src, tmp_path / "block16.onnx"
 
 
+def _masked_sets(path: Path) -> list[dict[str, np.ndarray]]:
+    """Two seeded input sets of 8 tokens for the block, as a user saves them: the second masks
+    every position (a row of padding only)."""
+    rng = np.random.default_rng(7)
+    sets: list[dict[str, np.ndarray]] = [
+        {"x": rng.standard_normal((1, 8, 32)).astype(np.float32),
+         "attention_mask": np.array([[1, 1, 1, 1, 1, 1, 0, 0]], dtype=np.int64)},
+        {"x": rng.standard_normal((1, 8, 32)).astype(np.float32), "attention_mask": np.zeros((1, 8), dtype=np.int64)}]
+    saved: dict[str, Any] = {f"{n}{suffix}": v for suffix, s in zip(("", "#1"), sets) for n, v in s.items()}
+    np.savez(path, **saved)
+    return sets
+
+
 def test_the_written_file_fails_where_its_emulation_passes(tmp_path: Path) -> None:
     """The written file's own outputs are judged as well as the emulation's: it fails on the
     CPU provider where the emulation passes, so the verdict fails (exit 1), and the line says
@@ -124,8 +137,9 @@ def test_the_written_file_fails_where_its_emulation_passes(tmp_path: Path) -> No
     import onnxruntime as ort
 
     src, out = _f16_mask_block(tmp_path)
-    result = rlx(src, "-p", "always-f16", "-o", out, "--provider", "cpu", "--samples", "2",
-                 "--save-inputs", tmp_path / "in.npz", "--report-json", tmp_path / "r.json")
+    sets = _masked_sets(tmp_path / "in.npz")
+    result = rlx(src, "-p", "always-f16", "-o", out, "--provider", "cpu", "--inputs", tmp_path / "in.npz",
+                 "--report-json", tmp_path / "r.json")
     assert result.returncode == 1, result.stderr
     verify = json.loads((tmp_path / "r.json").read_text())["verify"]
     assert not verify["passed"] and verify["emulated"] and all(o["passed"] for o in verify["outputs"])
@@ -137,15 +151,13 @@ def test_the_written_file_fails_where_its_emulation_passes(tmp_path: Path) -> No
     assert "onnxruntime's CPU kernels for f16 differ from the emulation, which passes" in line
     assert "the file is wrong for CPU users" in line
     # The same figures from onnxruntime directly: the second set masks every position.
-    saved = np.load(tmp_path / "in.npz")
-    sets = [{n: saved[n + suffix] for n in ("x", "attention_mask")} for suffix in ("", "#1")]
-    assert not sets[1]["attention_mask"].any() and sets[0]["attention_mask"].any()
     ref, cand = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (src, out))
     r = np.stack([ref.run(None, f)[0] for f in sets]).astype(np.float64).ravel()
     c = np.stack([cand.run(None, f)[0] for f in sets]).astype(np.float64).ravel()
     assert abs(r @ c / np.linalg.norm(r) / np.linalg.norm(c) - y["cosine"]) < 1e-6
     assert abs(np.abs(r - c).max() - y["max_abs"]) < 1e-5
-    quiet = rlx(src, "-p", "always-f16", "-o", tmp_path / "q.onnx", "--provider", "cpu", "--samples", "2", "-q")
+    quiet = rlx(src, "-p", "always-f16", "-o", tmp_path / "q.onnx", "--provider", "cpu", "--inputs",
+                tmp_path / "in.npz", "-q")
     assert quiet.returncode == 1
     assert f"FAILED {tmp_path / 'q.onnx'}: the written file on cpu: y (max-scaled, cosine)" in quiet.stdout
 

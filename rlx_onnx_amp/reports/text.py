@@ -22,7 +22,6 @@ from rlx_onnx_amp.reports.record import (
     Verification,
     WrittenRun,
 )
-from rlx_onnx_amp.rewrite.rules import REASON_CODES
 
 __all__ = [
     "BATCH_LEGEND",
@@ -33,7 +32,6 @@ __all__ = [
     "conversion_table",
     "drift_rows",
     "failed_verdict",
-    "inspect_table",
     "localized_table",
     "repair_kept_rows",
     "repair_summary",
@@ -68,7 +66,7 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def _kind_rows(by_kind: dict[str, dict[str, int]]) -> list[list[object]]:
+def kind_rows(by_kind: dict[str, dict[str, int]]) -> list[list[object]]:
     return [[kind, *(counts.get(p, 0) for p in PRECISION_COLUMNS)] for kind, counts in sorted(by_kind.items())]
 
 
@@ -98,39 +96,10 @@ def _listed(shapes: Mapping[str, Sequence[int]], room: int) -> str:
     return f"{len(parts)} inputs" if parts else "none"
 
 
-def compare_policies_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """`inspect --compare-policies`: one row per policy from `inspect_model` summaries."""
-    first = rows[0]
-    input_shapes = (first.get("cost") or {}).get("input_shapes", {})
-    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in input_shapes.items())
-    body = []
-    for r in rows:
-        c = r.get("cost") or {}
-        body.append(
-            [
-                r["policy"]["name"],
-                percent(c.get("mac_low_share")),
-                percent(c.get("weight_low_share")),
-                r["casts_inserted"],
-                f"{short_count(c.get('cast_bytes', 0))}B",
-                c.get("islands", "-"),
-                len(r["kept_f32"]),
-            ]
-        )
-    return "\n".join(
-        [
-            f"{first['model']}  (target {first['target']}, {first['nodes']['total']} nodes, inputs {shapes or 'none'}, "
-            f"{short_count((first.get('cost') or {}).get('macs', 0))} MACs)",
-            "",
-            table(("policy", "MACs low", "weights low", "casts", "cast bytes/inference", "islands", "kept f32"), body),
-        ]
-    )
-
-
 def conversion_table(c: Conversion) -> str:
     lines = [
         f"{c.model} -> {c.output}  (policy {_policy(c)}, target {c.target or '?'})",
-        table(("kind", *PRECISION_COLUMNS), _kind_rows(c.by_kind)),
+        table(("kind", *PRECISION_COLUMNS), kind_rows(c.by_kind)),
         f"nodes {c.nodes.total}, casts inserted {c.casts_inserted}, kept f32 {len(c.kept_f32)}, "
         f"weights {_mib(c.initializer_bytes.before)} -> {_mib(c.initializer_bytes.after)}",
     ]
@@ -194,7 +163,7 @@ def conversion_markdown(results: Sequence[ModelResult]) -> str:
     for c in (r.conversion for r in results if r.conversion is not None):
         out += [f"## `{c.model}` → `{c.output}` (policy `{_policy(c)}`, target `{c.target or '?'}`)", ""]
         out += ["| kind | " + " | ".join(PRECISION_COLUMNS) + " |", "|---" * (len(PRECISION_COLUMNS) + 1) + "|"]
-        out += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in _kind_rows(c.by_kind)]
+        out += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in kind_rows(c.by_kind)]
         out += [
             "",
             f"Casts inserted: {c.casts_inserted}. Kept f32: {len(c.kept_f32)}. "
@@ -210,34 +179,6 @@ def conversion_markdown(results: Sequence[ModelResult]) -> str:
 def _proof_sentence(c: Conversion) -> list[str]:
     proof = proof_line(c)
     return [f"**{proof[0].upper() + proof[1:]}.**", ""] if proof else []
-
-
-def inspect_table(summary: dict[str, Any]) -> str:
-    lines = [
-        f"{summary['model']}  (policy {summary['policy']['name']}, target {summary['target']}, "
-        f"{summary['nodes']['total']} nodes)",
-        "",
-        table(("kind", *PRECISION_COLUMNS), _kind_rows(summary["by_kind"])),
-        "",
-        table(
-            ("op", *PRECISION_COLUMNS),
-            [[op, *(c.get(p, 0) for p in PRECISION_COLUMNS)] for op, c in summary["by_op"].items()],
-        ),
-    ]
-    if summary.get("by_rule"):
-        rows = [[code, count, REASON_CODES[code]] for code, count in summary["by_rule"].items()]
-        lines += ["", table(("rule", "nodes", "meaning"), rows)]
-    if summary["kept_f32"]:
-        lines += [
-            "",
-            table(("kept f32", "op", "reason"), [[k["node"], k["op"], k["reason"]] for k in summary["kept_f32"][:50]]),
-        ]
-        if len(summary["kept_f32"]) > 50:
-            lines.append(f"... and {len(summary['kept_f32']) - 50} more")
-    cost = cost_line(summary.get("cost"))
-    if cost:
-        lines += ["", cost]
-    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -646,7 +587,7 @@ def _conversion_facts_md(c: Conversion) -> list[str]:
         *_gain_sentence(c),
         *_proof_sentence(c),
     ]
-    out += _md_table(["kind", *PRECISION_COLUMNS], _kind_rows(c.by_kind))
+    out += _md_table(["kind", *PRECISION_COLUMNS], kind_rows(c.by_kind))
     if c.kept_f32:
         shown = c.kept_f32[:20]
         out += ["", *_md_table(["kept f32", "op", "reason"], [[f"`{k.node}`", k.op, k.reason] for k in shown])]

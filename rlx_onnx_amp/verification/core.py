@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.child import ChildCrashed, Pending, child_event, start_in_child
 from rlx_onnx_amp.errors import InputError, ModelRunError
 from rlx_onnx_amp.files import OutputSet, RunPaths
+from rlx_onnx_amp.loading import load_model
 from rlx_onnx_amp.reports.record import (
     Latency,
     Localized,

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.api import load_model
 from rlx_onnx_amp.errors import AmpError, ModelRunError
+from rlx_onnx_amp.loading import load_model
 from rlx_onnx_amp.ranges import ValueRange
+from rlx_onnx_amp.rewrite import ConvertOptions
 from rlx_onnx_amp.verification.compare import (
     Progress,
     Scratch,
@@ -92,6 +93,16 @@ class Reference:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Each input's shape in the first input set: what the run's cost model counts at."""
         return {name: tuple(value.shape) for name, value in self.samples[0].items()}
+
+    def conversion_options(self, options: ConvertOptions) -> ConvertOptions:
+        """The conversion's options with what this run measured: the value ranges the range
+        screen reads, and the shapes the MACs are counted at (`--shape` first)."""
+        return dataclasses.replace(
+            options,
+            value_ranges=self.value_ranges,
+            shapes={**self.shapes(), **options.shapes},
+            value_shapes=self.value_shapes,  # the MACs from the shapes the run saw
+        )
 
 
 def prepare_reference(

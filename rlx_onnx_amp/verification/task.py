@@ -469,10 +469,33 @@ def _embed(name: str, reference: np.ndarray, candidate: np.ndarray, tol: Toleran
 # -- the table's rows: what each task reads, how it compares, how it says so -----------------
 
 
-def _each(compare: Callable[[str, np.ndarray, np.ndarray, Tolerance], TaskResult]) -> Callable[
+def _each(compare: Callable[[str, np.ndarray, np.ndarray, Tolerance], TaskResult], class_axis: int = -1) -> Callable[
         [TaskInputs], tuple[TaskResult, ...]]:
-    """A comparison of one output's values, over every output the task judges."""
-    return lambda inputs: tuple(compare(n, *inputs.pairs[n], inputs.tolerances[n]) for n in inputs.names)
+    """A comparison of one output's values, over every output the task judges; `class_axis`
+    is where its classes or features lie (`_rows_over_sets`)."""
+    return lambda inputs: tuple(
+        compare(n, *_rows_over_sets(inputs, n, class_axis), inputs.tolerances[n]) for n in inputs.names)
+
+
+def _rows_over_sets(inputs: TaskInputs, name: str, class_axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """An output's reference and candidate over every input set: stacked (`pairs`) where the
+    sets' shapes agree; where they differ (sets drawn at two sizes), each set's rows (one per
+    pixel, token or sample, its `class_axis` last) one after another, shaped so that the
+    comparison finds the classes on the same axis (a pixel row as N x C x 1 x 1)."""
+    if inputs.runs is None:
+        return inputs.pairs[name]
+    sets = [run[name] for runs in inputs.runs for run in runs]
+    if len({np.shape(v) for v in sets}) <= 1 or any(np.ndim(v) < -class_axis for v in sets):
+        return inputs.pairs[name]
+    if len({np.shape(v)[class_axis] for v in sets}) != 1:
+        return inputs.pairs[name]  # the classes differ between sets: nothing to line up
+    classes, trailing = np.shape(sets[0])[class_axis], (1,) * (-class_axis - 1)
+
+    def rows(runs: Runs) -> np.ndarray:
+        each = [np.moveaxis(np.asarray(run[name]), class_axis, -1).reshape(-1, classes) for run in runs]
+        return np.concatenate(each).reshape(-1, classes, *trailing)
+
+    return rows(inputs.runs[0]), rows(inputs.runs[1])
 
 
 def _generation(inputs: TaskInputs) -> tuple[TaskResult, ...]:
@@ -593,7 +616,7 @@ TASK_SPECS: Mapping[Task, TaskSpec] = {
         ),
         TaskSpec(
             Task.SEGMENT, "axis 1 of N x C x H x W: the classes of each pixel",
-            _segment_outputs, _each(_segment), _say_segment,
+            _segment_outputs, _each(_segment, class_axis=-3), _say_segment,
             "--task segment: no N x C x H x W output with two classes or more", why=_why_segment,
         ),
         TaskSpec(
