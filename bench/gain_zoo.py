@@ -276,7 +276,7 @@ def run_autocast(key: str, python: str, model: Path, feeds: Path, mdir: Path, ti
     res["output"] = str(out)
     if result.exists():
         st = json.loads(result.read_text())
-        res.update({k: st.get(k) for k in ("versions", "convert_s", "error", "skipped", "skipped_nodes",
+        res.update({k: st.get(k) for k in ("versions", "import_s", "convert_s", "error", "skipped", "skipped_nodes",
                                            "converted_line")})
     if res["status"] == "timeout":
         res["failure"] = "timeout"
