@@ -2,6 +2,7 @@
 
     python bench/gain_zoo.py [--data-dir bench/data/gain_zoo] [--models a,b] [--rlx-policy auto]
                              [--peer-timeout 900] [--rlx-timeout 1800] [--out bench/out/gain_zoo.json]
+                             [--autocast-python /tmp/venv-autocast/bin/python]
 
 One run, side by side on the models of bench/export_gain_zoo.py (exported first where
 DATA_DIR/NAME/model.onnx is missing: torchvision classifiers, tiny transformers, the two
@@ -25,6 +26,18 @@ DATA_DIR/NAME/feeds.npz. Then, each in its own subprocess with wall time taken a
           verification on, no search): what `auto` costs is reported as a multiple of its wall time
   mixed   rlx-amp MODEL --policy auto-mixed -o mixed.onnx ... (the default policy): the MAC
           share the default buys
+  ac_default, ac_feeds
+          Model-Optimizer's AutoCast, convert_to_mixed_precision(onnx_path=MODEL) with its
+          defaults (fp16, keep_io_types=False, data_max=512, init_max=65504, providers=["cpu"]),
+          without calibration data (it draws its own inputs in [-1, 1]) and with
+          calibration_data=feeds.npz: bench/autocast_child.py run by --autocast-python, a venv
+          of its own (`python3 -m venv /tmp/venv-autocast && /tmp/venv-autocast/bin/pip install
+          nvidia-modelopt 'onnxruntime~=1.24.2' 'onnx~=1.21.0' onnx-graphsurgeon polygraphy
+          onnxscript onnxconverter-common onnxslim lief cppimport ml_dtypes torch`: its `[onnx]`
+          extra less onnxruntime-gpu and cupy; without onnxslim `modelopt.onnx` does not import),
+          killed after --peer-timeout seconds; "not installed" where that Python is absent. Then
+          the same child checks that its output loads in onnxruntime (CPU) and runs on the feeds
+          (cast to the output's input types: its default makes float inputs float16)
 
 Tolerance: rlx-amp's defaults (per output max|cand - ref| <= 1e-2 + 1e-2 * max|ref|, cosine >=
 0.999, no new NaN/Inf); the peer gets rtol = 0 and atol = A = min over float outputs of
@@ -40,6 +53,9 @@ Read per tool:
   (compute_recount in the JSON) as a check of the two rules against each other.
 - MAC low: the report's cost.mac_low_share; for the peer, rlx_onnx_amp.cost.estimate_cost on its
   output with the feeds' shapes (the same cost model).
+- AutoCast's columns read as the peer's (Compute low recounted, MAC low, `rlx-amp verify`), plus
+  whether the output loads and runs in onnxruntime, and from its log the nodes it kept f32 with
+  its reason (JSON: skipped, skipped_nodes; compute.f32_ops counts the f32 Compute op types).
 - verdict: rlx-amp's own verify.passed and exit code; for the peer, `rlx-amp verify MODEL
   peer.onnx --inputs feeds.npz --provider cpu` (emulated, the same criterion as rlx-amp's
   verdict), after its own allclose test passed. Peer failures: timeout, crash (non-zero exit:
@@ -51,8 +67,8 @@ exports a torchvision environment (see bench/export_gain_zoo.py). To benchmark a
 the package while the tree changes: PYTHONPATH=/tmp/snap python3 bench/gain_zoo.py, with
 /tmp/snap/rlx_onnx_amp a copy (the JSON records the package's path and a hash of its sources).
 
-Prints one Markdown table and writes JSON (command, machine, versions, per-model figures) to
---out (bench/out/ is ignored by git).
+Prints two Markdown tables (rlx-amp against the peer; AutoCast beside both) and writes JSON
+(command, machine, versions, per-model figures) to --out (bench/out/ is ignored by git).
 """
 
 from __future__ import annotations
@@ -68,6 +84,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +144,7 @@ def compute_low(output: Path) -> dict[str, Any]:
     model = onnx.load(str(output), load_external_data=True)
     types = infer_types(model)[""]
     low = total = untyped = 0
+    high: Counter[str] = Counter()  # op types of the Compute nodes left in f32: what a tool kept
     for node in model.graph.node:
         if kind_of(node.domain, node.op_type) is not OpKind.COMPUTE:
             continue
@@ -136,8 +154,12 @@ def compute_low(output: Path) -> dict[str, Any]:
             untyped += any(t is None for t in outs)
             continue
         total += 1
-        low += any(t in LOW_TYPES for t in floats)
-    return {"low": low, "total": total, "share": low / total if total else None, "untyped": untyped}
+        is_low = any(t in LOW_TYPES for t in floats)
+        low += is_low
+        if not is_low:
+            high[node.op_type] += 1
+    return {"low": low, "total": total, "share": low / total if total else None, "untyped": untyped,
+            "f32_ops": dict(high)}
 
 
 def mac_cost(output: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -207,16 +229,23 @@ def run_peer(model: Path, feeds: Path, mdir: Path, atol: float, timeout: float,
         if not res.get("error"):
             res["error"] = (mdir / "peer.log").read_text()[-1500:]
         return res
+    return judge_output("peer", model, out, feeds, mdir, feed_arrays, res)
+
+
+def judge_output(key: str, model: Path, out: Path, feeds: Path, mdir: Path, feed_arrays: dict[str, np.ndarray],
+                 res: dict[str, Any]) -> dict[str, Any]:
+    """A peer's written model, counted and judged as rlx-amp's own: Compute low, MAC low, and
+    `rlx-amp verify MODEL OUT` on the feeds (files KEY_verify.json/.log); res gets the figures."""
     try:
         res["compute"] = compute_low(out)
         res.update(mac_cost(out, feed_arrays))
     except Exception as e:
         res.update(failure="unloadable output", error=f"onnx: {type(e).__name__}: {e}"[:1500])
         return res
-    vrep = mdir / "peer_verify.json"
+    vrep = mdir / f"{key}_verify.json"
     vrep.unlink(missing_ok=True)
     v = rb._run(["rlx-amp", "verify", str(model), str(out), "--inputs", str(feeds), "--provider", "cpu",
-                 "--report-json", str(vrep), "-q"], mdir / "peer_verify.log", 900)
+                 "--report-json", str(vrep), "-q"], mdir / f"{key}_verify.log", 900)
     res["verify"] = {k: v[k] for k in ("rc", "status", "wall_s")}
     if vrep.exists():
         vv = json.loads(vrep.read_text()).get("verify", {})
@@ -224,11 +253,47 @@ def run_peer(model: Path, feeds: Path, mdir: Path, atol: float, timeout: float,
         if vv.get("candidate_loaded") is False:
             res["failure"] = "unloadable output"
     else:
-        res.update(failure="unloadable output", error=(mdir / "peer_verify.log").read_text()[-1500:])
+        res.update(failure="unloadable output", error=(mdir / f"{key}_verify.log").read_text()[-1500:])
     return res
 
 
-def bench_model(name: str, data_dir: Path, policy: list[str], peer_timeout: float, rlx_timeout: float) -> dict[str, Any]:
+#: the two AutoCast columns: key -> whether feeds.npz is its calibration_data
+AUTOCAST = {"ac_default": False, "ac_feeds": True}
+
+
+def run_autocast(key: str, python: str, model: Path, feeds: Path, mdir: Path, timeout: float,
+                 feed_arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """AutoCast (bench/autocast_child.py in its own venv, `python`) with its defaults, and with
+    feeds.npz as calibration_data where AUTOCAST[key]; then whether its output loads and runs in
+    onnxruntime (the same child: AutoCast's onnxruntime) and judge_output's figures."""
+    if not Path(python).exists():
+        return {"status": "not installed", "rc": None, "wall_s": None, "failure": "not installed", "python": python}
+    out, result, check = mdir / f"{key}.onnx", mdir / f"{key}_result.json", mdir / f"{key}_check.json"
+    _clean(out, result, check)
+    child = str(HERE / "autocast_child.py")
+    cmd = [python, child, "convert", str(model), str(out), str(result), *([str(feeds)] if AUTOCAST[key] else [])]
+    res: dict[str, Any] = rb._run(cmd, mdir / f"{key}.log", timeout)
+    res["output"] = str(out)
+    if result.exists():
+        st = json.loads(result.read_text())
+        res.update({k: st.get(k) for k in ("versions", "import_s", "convert_s", "error", "skipped", "skipped_nodes",
+                                           "converted_line")})
+    if res["status"] == "timeout":
+        res["failure"] = "timeout"
+        return res
+    if res["rc"] != 0 or not out.exists():
+        res["failure"] = "crash"
+        if not res.get("error"):
+            res["error"] = (mdir / f"{key}.log").read_text()[-1500:]
+        return res
+    c = rb._run([python, child, "check", str(out), str(feeds), str(check)], mdir / f"{key}_check.log", 900)
+    res["ort"] = json.loads(check.read_text()) if check.exists() else {
+        "loaded": None, "ran": None, "error": f"check {c['status']}: " + (mdir / f"{key}_check.log").read_text()[-500:]}
+    return judge_output(key, model, out, feeds, mdir, feed_arrays, res)
+
+
+def bench_model(name: str, data_dir: Path, policy: list[str], peer_timeout: float, rlx_timeout: float,
+                autocast_python: str) -> dict[str, Any]:
     mdir = data_dir / name
     model = mdir / "model.onnx"
     feeds_path = mdir / "feeds.npz"
@@ -251,6 +316,9 @@ def bench_model(name: str, data_dir: Path, policy: list[str], peer_timeout: floa
     _say("peer", res["peer"])
     res["mixed"] = run_rlx("mixed", policies["mixed"], model, feeds_path, mdir, rlx_timeout)
     _say("mixed", res["mixed"])
+    for key in AUTOCAST:  # AutoCast gets the peer's timeout
+        res[key] = run_autocast(key, autocast_python, model, feeds_path, mdir, peer_timeout, feeds)
+        _say(key, res[key])
     if Path(res["auto"]["output"]).exists():
         try:
             res["auto"]["compute_recount"] = compute_low(Path(res["auto"]["output"]))
@@ -264,7 +332,8 @@ def bench_model(name: str, data_dir: Path, policy: list[str], peer_timeout: floa
 
 def _say(key: str, r: dict[str, Any]) -> None:
     c = r.get("compute") or {}
-    print(f"   {key:5}: {r['status']} in {r['wall_s']:.1f}s, compute low {c.get('low')}/{c.get('total')}, "
+    wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
+    print(f"   {key:5}: {r['status']} in {wall}s, compute low {c.get('low')}/{c.get('total')}, "
           f"MAC low {_pct(r.get('mac_low_share'))}, passed {r.get('passed')}, evaluations {r.get('evaluations')}"
           + (f", {r['failure']}: {str(r.get('error'))[:200]}" if r.get("failure") else ""), flush=True)
 
@@ -319,6 +388,67 @@ def table(rows: list[dict[str, Any]], policy: str) -> str:
                  _pct(m.get("mac_low_share")), _verdict(m)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _runs(r: dict[str, Any]) -> str:
+    """Whether an AutoCast output loads in onnxruntime (CPU) and runs on the feeds."""
+    ort = r.get("ort")
+    if ort is None:
+        return "-"
+    if ort.get("ran"):
+        bad = [k for k, o in (ort.get("outputs") or {}).items() if o.get("all_finite") is False]
+        return "yes" + (f" (non-finite {', '.join(bad)})" if bad else "")
+    err = str(ort.get("error") or "").splitlines()[0] if ort.get("error") else ""
+    err = (err[:70] + "...") if len(err) > 70 else err
+    return ("no, loads; run fails: " if ort.get("loaded") else "no, refused: ") + err.replace("|", "/")
+
+
+def _ac_verdict(r: dict[str, Any]) -> str:
+    if r.get("failure") in ("not installed", "timeout"):
+        return r["failure"]
+    if r.get("failure") == "crash":
+        last = str(r.get("error") or "").strip().splitlines()
+        msg = last[-1] if last else ""
+        return "crash: " + ((msg[:60] + "...") if len(msg) > 60 else msg).replace("|", "/")
+    return _verdict(r, peer=True)
+
+
+def table_autocast(rows: list[dict[str, Any]], policy: str) -> str:
+    """AutoCast beside `auto` and the peer: Compute low, MAC low, loads and runs, rlx-amp's verdict, wall s."""
+    head = ["model", "Compute nodes", f"auto [{policy}]: Compute low", "verdict", "peer: Compute low", "verdict"]
+    for label in ("AutoCast defaults", "AutoCast + feeds.npz"):
+        head += [f"{label}: Compute low", "MAC low", "loads and runs", "rlx-amp verdict", "wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for info in rows:
+        r = info["results"]
+        a, p = r["auto"], r["peer"]
+        total = (a.get("compute") or r["f16"].get("compute") or {}).get("total")
+        cells = [info["model"], "-" if total is None else str(total), _low(a), _verdict(a), _low(p),
+                 _verdict(p, peer=True)]
+        for key in AUTOCAST:
+            c = r[key]
+            cells += [_low(c), _pct(c.get("mac_low_share")), _runs(c), _ac_verdict(c),
+                      "-" if c["wall_s"] is None else f"{c['wall_s']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_autocast(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in AUTOCAST:
+        rs = [(i["model"], i["results"][key]) for i in rows]
+        out[key] = {
+            "failures": {m: r["failure"] for m, r in rs if r.get("failure")},
+            "runs_in_onnxruntime": sum(bool((r.get("ort") or {}).get("ran")) for _, r in rs),
+            "passes_rlx_verify": [m for m, r in rs if r.get("passed") is True],
+            "fails_rlx_verify": [m for m, r in rs if r.get("passed") is False],
+            "skipped_by_reason": dict(sum((Counter(r.get("skipped") or {}) for _, r in rs), Counter())),
+            "f32_compute_ops": {m: (r.get("compute") or {}).get("f32_ops") for m, r in rs
+                                if (r.get("compute") or {}).get("f32_ops")},
+            "wall_s": {m: r["wall_s"] for m, r in rs}}
+        walls = [w for w in out[key]["wall_s"].values() if w is not None]
+        out[key]["median_wall_s"] = statistics.median(walls) if walls else None
+    return out
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -393,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rlx-timeout", type=float, default=1800.0)
     ap.add_argument("--tv-python", default=str(REPO / ".venv-torchvision" / "bin" / "python"),
                     help="a Python with torch + torchvision for the tv_* exports")
+    ap.add_argument("--autocast-python", default="/tmp/venv-autocast/bin/python",
+                    help="a Python with nvidia-modelopt for the AutoCast columns (see bench/autocast_child.py); "
+                         "absent: the columns say 'not installed'")
     ap.add_argument("--out", default=str(HERE / "out" / "gain_zoo.json"))
     args = ap.parse_args(argv)
     if shutil.which("rlx-amp") is None:
@@ -407,9 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"left out (no export): {', '.join(missing)}", flush=True)
     policy = args.rlx_policy.split()
-    rows = [bench_model(n, data_dir, policy, args.peer_timeout, args.rlx_timeout) for n in names if n not in missing]
-    md = table(rows, args.rlx_policy)
+    rows = [bench_model(n, data_dir, policy, args.peer_timeout, args.rlx_timeout, args.autocast_python)
+            for n in names if n not in missing]
+    md, md_ac = table(rows, args.rlx_policy), table_autocast(rows, args.rlx_policy)
     sm = summary(rows)
+    sm["autocast"] = summary_autocast(rows)
     print()
     print(md)
     print()
@@ -420,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"both pass on {sm['both_pass']}: auto keeps more Compute low on {sm['auto_keeps_more_low'] or 'none'}, "
           f"fewer on {sm['auto_keeps_fewer_low'] or 'none'}; auto faster than the peer on "
           f"{sm['auto_faster_than_peer']} of {len(rows)}")
+    print()
+    print(md_ac)
+    print()
+    for key, a in sm["autocast"].items():
+        print(f"{key}: runs in onnxruntime on {a['runs_in_onnxruntime']} of {len(rows)}; passes rlx-amp's verify on "
+              f"{len(a['passes_rlx_verify'])}, fails on {a['fails_rlx_verify'] or 'none'}; failures "
+              f"{a['failures'] or 'none'}; kept f32 by its log: {a['skipped_by_reason'] or 'none'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
@@ -428,7 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": mach, "versions": ver, "peer_timeout_s": args.peer_timeout, "left_out": missing,
         "tolerance_mapping": "rlx-amp defaults (max_abs <= 1e-2 + 1e-2*max|ref|, cosine >= 0.999); peer rtol=0, "
                              "atol = min over float outputs of 1e-2 + 1e-2*max|ref|, keep_io_types=True",
-        "table_markdown": md, "summary": sm, "models": rows}, indent=2, default=str) + "\n")
+        "table_markdown": md, "table_autocast_markdown": md_ac, "autocast_python": args.autocast_python,
+        "autocast_versions": next((i["results"][k].get("versions") for i in rows for k in AUTOCAST
+                                   if i["results"][k].get("versions")), None),
+        "summary": sm, "models": rows}, indent=2, default=str) + "\n")
     print(f"\nwrote {out}")
     return 0
 

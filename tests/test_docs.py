@@ -25,7 +25,7 @@ OTHER_TOOLS_FLAGS = {
     "--external", "--minimality", "--nodes", "--model", "--peers-max-nodes", "--peer-timeout", "--contenders",
     "--no-deps", "--index", "--workdir", "--keep", "--models", "--budget", "--baseline-rev", "--rounds",
     "--repeats", "--repeat", "--node-cases", "--emulation", "--task", "--config", "--package-config", "--strict",
-    "--rlx-policy", "--tv-python",  # bench/gain_zoo.py
+    "--rlx-policy", "--tv-python", "--autocast-python",  # bench/gain_zoo.py
     "--policies",  # bench/scale.py
     "--runs",  # bench/startup.py, bench/task_cost.py
     "--onnx", "--save", "--strongly", "--trt", "--onnxrt",  # trtexec, polygraphy run (docs/recipes.md)
