@@ -116,6 +116,41 @@ def test_constant_reference_skips_cosine() -> None:
     assert not varying.passed  # the same candidate against a reference that varies: cosine fails it
 
 
+def _relu_gate(shift: float) -> onnx.ModelProto:
+    """x [2, 16] - shift -> Relu -> MatMul: with x uniform in [-1, 1] (the synthesized inputs)
+    and shift 10 every output is 0; with shift 0 the outputs move."""
+    w = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    graph = h.make_graph(
+        [h.make_node("Sub", ["x", "shift"], ["s"]), h.make_node("Relu", ["s"], ["r"]),
+         h.make_node("MatMul", ["r", "w"], ["y"])], "relu_gate",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(shift, np.float32), "shift")],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_outputs_that_never_move_are_no_verdict(tmp_path: Path) -> None:
+    """Issue 50: where every output of the reference is one value on every input set, the pass
+    compares nothing: NO VERDICT, exit 4 (written), and the line says to give inputs that move
+    it; the same model with outputs that move passes with exit 0."""
+    for shift, code in ((10.0, 4), (0.0, 0)):
+        src = tmp_path / f"gate{int(shift)}.onnx"
+        onnx.save(_relu_gate(shift), str(src))
+        out = tmp_path / f"gate{int(shift)}_16.onnx"
+        result = rlx(src, "-p", "always-f16", "-o", out, "--provider", "cpu", "--report-json", tmp_path / "r.json")
+        assert result.returncode == code, result.stdout + result.stderr
+        assert out.is_file()
+        verify_json = json.loads((tmp_path / "r.json").read_text())["verify"]
+        assert verify_json["passed"] is True
+        if code == 4:
+            assert "NO VERDICT: atol" in result.stdout
+            assert "every output of the reference is constant on these inputs: y (every element 0)" in result.stdout
+            assert verify_json["outputs"][0]["constant_reference"] == 0.0
+        else:
+            assert "PASSED: atol" in result.stdout and "note:" not in result.stdout
+
+
 def test_integer_outputs_must_match() -> None:
     ref = np.array([1, 2, 3], np.int64)
     assert compare_arrays("ids", ref, ref.copy(), TOL).passed
@@ -432,15 +467,18 @@ def test_emulation_rounds_an_f32_value_a_low_node_reads(tmp_path: Path) -> None:
 def test_a_constant_reference_is_named_and_its_pass_says_it_proves_little(tmp_path: Path) -> None:
     """A reference output that is one value everywhere (here: x * 0 through a Relu) passes on
     max_abs alone; the report names it (constant_reference) and the table, the Markdown
-    summary and the HTML page say that only max_abs <= atol was checked there."""
+    summary and the HTML page say that only max_abs <= atol was checked there. (Another output,
+    `moving`, varies: where every output is constant, there is no verdict, as tested above.)"""
     tol = Tolerance(atol=1e-2, rtol_of_max=1e-2, rtol=None, min_cosine=0.999)
     assert compare_arrays("y", np.zeros((2, 3)), np.full((2, 3), 1e-3), tol).constant_reference == 0.0
     assert compare_arrays("y", np.arange(6.0), np.arange(6.0), tol).constant_reference is None
     assert compare_arrays("y", np.ones(1), np.ones(1), tol).constant_reference is None  # one element: no claim
     zero = onnx.numpy_helper.from_array(np.zeros((2, 3), np.float32), "z")
-    graph = h.make_graph([h.make_node("Mul", ["x", "z"], ["m"]), h.make_node("Relu", ["m"], ["y"])], "zero",
+    graph = h.make_graph([h.make_node("Mul", ["x", "z"], ["m"]), h.make_node("Relu", ["m"], ["y"]),
+                          h.make_node("Relu", ["x"], ["moving"])], "zero",
                          [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [zero])
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                          h.make_tensor_value_info("moving", TensorProto.FLOAT, [2, 3])], [zero])
     src = tmp_path / "zero.onnx"
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(src))
     result = rlx(str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), "--verify", "--provider", "cpu",
@@ -450,7 +488,7 @@ def test_a_constant_reference_is_named_and_its_pass_says_it_proves_little(tmp_pa
     assert "note: the reference's output is constant for y (every element 0)" in result.stdout
     assert "only max_abs &lt;= atol was checked there" in (tmp_path / "r.html").read_text()
     assert "only max_abs <= atol was checked there" in (tmp_path / "r.md").read_text()
-    (output,) = json.loads((tmp_path / "r.json").read_text())["verify"]["outputs"]
+    output = {o["name"]: o for o in json.loads((tmp_path / "r.json").read_text())["verify"]["outputs"]}["y"]
     assert output["constant_reference"] == 0.0 and output["cosine"] is None and output["passed"]
 
 

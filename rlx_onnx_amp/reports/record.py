@@ -398,6 +398,13 @@ class Verification(Record):
         """Outputs whose reference holds one value everywhere: a pass there proves little."""
         return {o.name: o.constant_reference for o in self.outputs if o.constant_reference is not None}
 
+    @property
+    def unmoved(self) -> bool:
+        """Every output of the reference holds one value over every input set, and no task
+        verdict judged them: a pass compares nothing that moves, so it is no verdict (exit 4)."""
+        judged = self.task is not None and self.task.judged
+        return bool(self.outputs) and len(self.constant_outputs) == len(self.outputs) and not judged
+
 
 # -- the repair -------------------------------------------------------------------------------
 
@@ -525,7 +532,7 @@ class ModelResult:
             return EXIT_DRIFT
         if self.gate is not None and not self.gate.passed:
             return EXIT_LOW_GAIN
-        unproven = self.verify is not None and self.verify.written_unproven
+        unproven = self.verify is not None and (self.verify.written_unproven or self.verify.unmoved)
         return EXIT_UNVERIFIED if self.unverified is not None or unproven else EXIT_OK
 
     @property

@@ -351,8 +351,9 @@ def criterion_line(v: Verification) -> str:
     tolerances = f"atol {v.atol['']:g}, rtol_of_max {v.rtol_of_max['']:g}"
     if rtol is not None:
         tolerances += f", rtol {rtol:g} (element-wise)"
+    verdict = "FAILED" if not v.passed else "NO VERDICT" if v.unmoved else "PASSED"
     return (
-        f"{'PASSED' if v.passed else 'FAILED'}: {tolerances}, min cosine {v.min_cosine['']:g} "
+        f"{verdict}: {tolerances}, min cosine {v.min_cosine['']:g} "
         f"({v.precision} defaults unless overridden; per-output values in the JSON report)"
     )
 
@@ -364,6 +365,11 @@ def constant_note(v: Verification) -> str | None:
     if not constant:
         return None
     shown = ", ".join(f"{name} (every element {value:g})" for name, value in constant.items())
+    if v.unmoved:
+        return (
+            f"every output of the reference is constant on these inputs: {shown}; nothing that moves was "
+            "compared, so the model counts as unverified (exit 4): give inputs that make it move (--inputs)"
+        )
     return (
         f"the reference's output is constant for {shown}: only max_abs <= atol was checked there; "
         "real inputs (--inputs) or trained weights test more"
