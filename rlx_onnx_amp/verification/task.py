@@ -3,10 +3,10 @@ one row of `TASK_SPECS`: which outputs it reads from the model's interface, alon
 its class, token or box lies, how it compares the reference's values with the candidate's, and
 how it sums its figures up. A classifier's class per row (top-1 and top-5 agreement), a
 segmenter's class per pixel (agreement and mean IoU over the classes), an embedding's direction
-per row (the lowest cosine), a detector's boxes (matched by class and IoU, not by their order; the layouts detectors
-ship and their decoding are `verification.detect`'s),
-a decoder's greedy tokens over several steps (`generate`), or the element-wise check on the
-logits alone; the element-wise figures stay as diagnostics. `choose_task` picks the row from
+per row (the lowest cosine), a detector's boxes (matched by class and IoU, not by their order;
+`verification.detect` decodes the layouts detectors ship), a decoder's greedy tokens over
+several steps (`generate`), or the element-wise check on the logits alone; the element-wise
+figures stay as diagnostics. `choose_task` picks the row from
 the model's interface where `--task auto`, in the table's order, and says why.
 
 A verdict that compared nothing (every row a near-tie, no detection off the score cut, no token
