@@ -48,6 +48,7 @@ from rlx_onnx_amp.verification.compare import (
     session_thread_count,
     typed_feeds,
 )
+from rlx_onnx_amp.verification.detect import metadata_task
 from rlx_onnx_amp.verification.generate import Generator, Steps, decode, find_generator
 from rlx_onnx_amp.verification.inputs import save_inputs
 from rlx_onnx_amp.verification.localize import localize, reference_values, shared_values
@@ -174,7 +175,9 @@ class Verifier:
         ref = self.reference
         shapes = {n: np.shape(v) for n, v in ref.runs[0].items()} if ref.runs else {}
         self._generator = find_generator(ref.model)
-        chosen = choose_task(self.options.task, shapes, self._generator, self.options.folder_task)
+        # a folder's config names the task; else the model's own metadata may (ultralytics' task)
+        named_by = self.options.folder_task or metadata_task(ref.model)
+        chosen = choose_task(self.options.task, shapes, self._generator, named_by)
         if chosen[0] is Task.GENERATE:
             assert self._generator is not None
             session = Session(str(ref.path), ref.provider, str(ref.path))
@@ -185,7 +188,7 @@ class Verifier:
             if not self._ref_steps:
                 if self.options.task != Task.AUTO.value:
                     raise ModelRunError(f"{ref.path}: --task generate: no input set can take a second greedy step")
-                task, named, how = choose_task(self.options.task, shapes, None, self.options.folder_task)
+                task, named, how = choose_task(self.options.task, shapes, None, named_by)
                 chosen = (task, named, f"{how} (a decoder step, but the greedy loop's next step cannot run)")
         self._chosen = chosen
         return chosen

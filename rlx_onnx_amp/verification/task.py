@@ -3,9 +3,10 @@ one row of `TASK_SPECS`: which outputs it reads from the model's interface, alon
 its class, token or box lies, how it compares the reference's values with the candidate's, and
 how it sums its figures up. A classifier's class per row (top-1 and top-5 agreement), a
 segmenter's class per pixel (agreement and mean IoU over the classes), an embedding's direction
-per row (the lowest cosine), a detector's boxes (matched by class and IoU, not by their order),
-a decoder's greedy tokens over several steps (`generate`), or the element-wise check on the
-logits alone; the element-wise figures stay as diagnostics. `choose_task` picks the row from
+per row (the lowest cosine), a detector's boxes (matched by class and IoU, not by their order;
+`verification.detect` decodes the layouts detectors ship), a decoder's greedy tokens over
+several steps (`generate`), or the element-wise check on the logits alone; the element-wise
+figures stay as diagnostics. `choose_task` picks the row from
 the model's interface where `--task auto`, in the table's order, and says why.
 
 A verdict that compared nothing (every row a near-tie, no detection off the score cut, no token
@@ -26,6 +27,7 @@ import numpy as np
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.names import TASK_NAMES
 from rlx_onnx_amp.reports.record import OutputResult, TaskResult, TaskVerdict
+from rlx_onnx_amp.verification.detect import DETECT, detection_outputs, judge_detection
 from rlx_onnx_amp.verification.generate import Generator, Steps
 from rlx_onnx_amp.verification.tolerance import Tolerance
 
@@ -55,6 +57,7 @@ class Task(str, enum.Enum):
 
 
 TASKS = tuple(t.value for t in Task)
+assert Task.DETECT.value == DETECT, "verification.detect spells the task's name out"
 assert TASKS == TASK_NAMES, "names.TASK_NAMES (what --help offers) must be the tasks here"
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -65,14 +68,6 @@ _CLASSIFY_NAMES = ("logits", "scores", "probabilities", "probs")
 _EMBED_NAMES = ("embedding", "embeds", "last_hidden_state", "pooler_output", "hidden_states")
 #: A segmenter's N x C x H x W output: a name holding one of these, or torchvision's `out`.
 _SEGMENT_NAMES, _SEGMENT_EXACT = ("logits", "seg", "mask"), ("out",)
-#: A detector's outputs: boxes (last axis 4), their scores, their classes (lower-case name parts).
-_BOXES, _SCORES, _LABELS = ("box", "dets"), ("score",), ("label", "class")
-#: A reference detection counts where its score reaches this (else its `_TOP_DETECTIONS` best
-#: count: a random-weight detector scores nothing high).
-DETECTION_THRESHOLD = 0.5
-_TOP_DETECTIONS = 10
-#: Two boxes are one detection from this IoU on (the detection benchmarks' match).
-MATCH_IOU = 0.5
 #: `segment` passes where at least this share of the judged pixels keeps its class and the mean
 #: IoU over the classes the reference shows reaches `SEGMENT_MEAN_IOU` (docs/verification.md).
 SEGMENT_AGREEMENT = 0.99
@@ -160,17 +155,6 @@ def _from_interface(
     return wanted, named, "--task"
 
 
-def detection_outputs(outputs: Mapping[str, tuple[int, ...]]) -> tuple[str, ...]:
-    """A detector's outputs: its boxes (a name with 'box', last axis 4) first, then the scores
-    or logits and the classes that go with them (the boxes' leading axes); () for no boxes."""
-    boxes = next((n for n, s in outputs.items() if any(w in n.lower() for w in _BOXES) and s and s[-1] == 4), None)
-    if boxes is None:
-        return ()
-    lead = outputs[boxes][:-1]
-    rest = [n for n, s in outputs.items() if n != boxes and (tuple(s) == lead or tuple(s[:-1]) == lead)]
-    return (boxes, *rest)
-
-
 def judge_task(
     task: Task,
     chosen_by: str,
@@ -239,121 +223,6 @@ def judge_generation(name: str, reference: Sequence[Steps], candidate: Sequence[
         first_divergence=int(first_parted.min()) if first_parted.size and first_parted.min() < steps else None,
         not_judged=not_judged,
     )
-
-
-def judge_detection(
-    names: Sequence[str], reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
-    tol: Tolerance,
-) -> TaskResult:
-    """A detector's outputs (`detection_outputs`: boxes, then scores, logits or classes) on each
-    input set, image by image: the reference's detections (score at least
-    `DETECTION_THRESHOLD`, else its `_TOP_DETECTIONS` best) matched greedily, best score first,
-    to the candidate's of the same class at IoU `MATCH_IOU` or more, whatever their order. A
-    detection whose score is within the tolerance of the cut is set apart (it may fall on either
-    side). Passes when every judged reference detection is found again and every judged
-    candidate detection matches one; not judged where no detection is off the cut (the scores
-    are probabilities: the tolerance's bound at 1 is their scale)."""
-    found = kept = matched_ref = matched_cand = apart = images = 0
-    ious: list[float] = []
-    for ref_run, cand_run in zip(reference, candidate):
-        for ref, cand in zip(_detections(names, ref_run), _detections(names, cand_run)):
-            images += 1
-            cut = _cut(ref[1])
-            margin = tol.bound(1.0)
-            ref_in, cand_in = ref[1] >= cut - margin, cand[1] >= cut - margin
-            ref_judged, cand_judged = np.abs(ref[1] - cut) > margin, np.abs(cand[1] - cut) > margin
-            apart += int((ref_in & ~ref_judged).sum() + (cand_in & ~cand_judged).sum())
-            pairs = _match(ref, cand, ref_in, cand_in)
-            found += int((ref_in & ref_judged).sum())
-            kept += int((cand_in & cand_judged).sum())
-            matched_ref += sum(1 for i, _, _ in pairs if ref_judged[i])
-            matched_cand += sum(1 for _, j, _ in pairs if cand_judged[j])
-            ious.extend(iou for _, _, iou in pairs)
-    recall = matched_ref / found if found else None
-    precision = matched_cand / kept if kept else None
-    not_judged = None
-    if not found and not kept:
-        not_judged = (f"every detection of {names[0]} is at the score cut" if apart
-                      else f"no detection of {names[0]} reaches the score cut")
-    return TaskResult(
-        names[0], Task.DETECT.value, images, apart, None, None, None,
-        not_judged is None and recall in (None, 1.0) and precision in (None, 1.0),
-        recall=recall, precision=precision, mean_iou=float(np.mean(ious)) if ious else None, not_judged=not_judged,
-    )
-
-
-_Detections = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes (xyxy), scores, classes
-
-
-def _detections(names: Sequence[str], run: Mapping[str, np.ndarray]) -> list[_Detections]:
-    """Each image's detections in one run: boxes as corners, a score and a class each. Scores
-    come from an output named for them, else from logits (the softmax's largest, its class), else
-    are all 1; classes from an output named for them, else the logits', else all 0."""
-    boxes = np.asarray(run[names[0]], dtype=np.float64)
-    boxes = boxes.reshape(-1, *boxes.shape[-2:]) if boxes.ndim >= 2 else boxes.reshape(1, -1, 4)
-    lead = boxes.shape[:2]
-    scores, classes = np.ones(lead), np.zeros(lead, dtype=np.int64)
-    for name in names[1:]:
-        value = np.asarray(run[name])
-        lower = name.lower()
-        if "logits" in lower and value.size and value.size % (lead[0] * lead[1]) == 0:
-            logits = value.astype(np.float64).reshape(*lead, -1)
-            probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            probs /= probs.sum(axis=-1, keepdims=True)
-            scores, classes = probs.max(axis=-1), probs.argmax(axis=-1)
-        elif any(w in lower for w in _SCORES) and value.size == lead[0] * lead[1]:
-            scores = value.astype(np.float64).reshape(lead)
-        elif any(w in lower for w in _LABELS) and value.size == lead[0] * lead[1]:
-            classes = value.astype(np.int64).reshape(lead)
-    corners = _corners(boxes, names[0])
-    return [(corners[i], np.nan_to_num(scores[i], nan=-np.inf), classes[i]) for i in range(lead[0])]
-
-
-def _corners(boxes: np.ndarray, name: str) -> np.ndarray:
-    """Boxes as (x1, y1, x2, y2): Hugging Face's `pred_boxes` are (cx, cy, w, h), and so are
-    boxes whose third and fourth values are not corners past the first two."""
-    centred = name.lower() == "pred_boxes" or bool(
-        ((boxes[..., 2] < boxes[..., 0]) | (boxes[..., 3] < boxes[..., 1])).any())
-    if not centred:
-        return boxes
-    half = boxes[..., 2:] / 2
-    return np.concatenate([boxes[..., :2] - half, boxes[..., :2] + half], axis=-1)
-
-
-def _cut(scores: np.ndarray) -> float:
-    """The score from which a reference detection counts."""
-    finite = scores[np.isfinite(scores)]
-    if finite.size == 0 or (finite >= DETECTION_THRESHOLD).any():
-        return DETECTION_THRESHOLD
-    return float(np.sort(finite)[-min(_TOP_DETECTIONS, finite.size)])
-
-
-def _match(
-    ref: _Detections, cand: _Detections, ref_in: np.ndarray, cand_in: np.ndarray
-) -> list[tuple[int, int, float]]:
-    """(reference index, candidate index, IoU) for each match, the reference's best scores first."""
-    taken: set[int] = set()
-    pairs = []
-    for i in np.argsort(-ref[1], kind="stable"):
-        if not ref_in[i]:
-            continue
-        best, best_iou = -1, MATCH_IOU
-        for j in np.flatnonzero(cand_in & (cand[2] == ref[2][i])):
-            iou = _iou(ref[0][i], cand[0][j])
-            if j not in taken and iou >= best_iou:
-                best, best_iou = int(j), iou
-        if best >= 0:
-            taken.add(best)
-            pairs.append((int(i), best, best_iou))
-    return pairs
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> float:
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = w * h
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return float(inter / union) if union > 0 else float(np.allclose(a, b))
 
 
 def _spread(values: np.ndarray) -> float:
@@ -610,9 +479,11 @@ TASK_SPECS: Mapping[Task, TaskSpec] = {
             why=_why_generate,
         ),
         TaskSpec(
-            Task.DETECT, "the boxes' last axis (4), the scores, classes or logits sharing their leading axes",
-            lambda outputs, _, __: detection_outputs(outputs), _detection, _say_detect,
-            "--task detect: no boxes output (a name with 'box' and a last axis of 4)",
+            Task.DETECT, "per image, the detections of one of detect.LAYOUTS (boxes + scores/labels or logits, "
+            "N x K x 6, a raw YOLO head)",
+            lambda outputs, _, by_name: detection_outputs(outputs, by_name), _detection, _say_detect,
+            "--task detect: no detector's outputs (a name with 'box' and a last axis of 4, with scores, labels or "
+            "logits; N x K x 6 end-to-end detections; a raw YOLO head N x (4 + C) x A or N x A x (5 + C))",
         ),
         TaskSpec(
             Task.SEGMENT, "axis 1 of N x C x H x W: the classes of each pixel",
