@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.verification.inputs import InputSpec, parse_range, parse_shape
+from rlx_onnx_amp.verification.samples import parse_preprocess
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
@@ -129,11 +130,13 @@ def verify_options_from(
     latency_runs: int = 5,
     task: str = "auto",
     generate_steps: int = DEFAULT_GENERATE_STEPS,
+    preprocess: Sequence[str] = (),
 ) -> VerifyOptions:
     """The options the command line's verify flags give, checked before any work (exit 2)."""
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
-    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
+    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples,
+                     parse_preprocess(preprocess))
     options = VerifyOptions(
         provider=provider,
         emulate=emulate,
