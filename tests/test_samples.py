@@ -106,6 +106,14 @@ def test_images_in_a_folder_with_a_preprocessor_config(tmp_path: Path) -> None:
     cand = np.stack([_ort(out, {"pixel_values": saved[k]}) for k in saved.files]).astype(np.float64)
     assert v["outputs"][0]["max_abs"] == pytest.approx(np.max(np.abs(ref - cand)), rel=1e-9)
     assert 0 < v["outputs"][0]["max_abs"] < 1e-2
+    # verify and --policy auto take the same samples (auto: chooses on the first, confirms on the second)
+    again, searched = tmp_path / "v.json", tmp_path / "a.json"
+    assert rlx("verify", src, out, "--provider", "cpu", "--inputs", photos, "--report-json", again).returncode == 0
+    assert json.loads(again.read_text())["verify"]["inputs_from"] == v["inputs_from"]
+    result = rlx(src, "--policy", "auto", "-o", tmp_path / "auto.onnx", "--provider", "cpu", "--inputs", photos,
+                 "--report-json", searched)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(searched.read_text())["verify"]["inputs_from"] == v["inputs_from"]
 
 
 @pytest.mark.slow  # importing transformers' image processors takes torch: 7 s and more
@@ -288,6 +296,8 @@ def test_a_sample_the_model_cannot_take_is_one_line(tmp_path: Path) -> None:
              "p.txt: a text sample needs the model folder's tokenizer.json")
     _refused(rlx(text_only, "-o", out, "--inputs", prompts, "--preprocess", "size=big"), out,
              "--preprocess: expected size=HxW")
+    _refused(rlx(text_only, "-o", out, "--preprocess", "rate=8000"), out,
+             "--preprocess applies to --inputs samples (images, audio, text); no --inputs given")
 
 
 def test_an_image_without_pillow_says_how_to_install_it(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.verification.inputs import InputSpec, parse_range, parse_shape
-from rlx_onnx_amp.verification.samples import parse_preprocess
+from rlx_onnx_amp.verification.samples import Preprocess, parse_preprocess
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
@@ -77,6 +77,9 @@ class VerifyOptions:
         if self.latency_runs < 0:
             raise InputError(f"{option('latency_runs').replace('_', '-')} must be 0 (not timed) or more")
         resolve_provider(self.provider, option("provider"))
+        if self.spec.preprocess != Preprocess() and self.inputs is None:  # it would do nothing
+            raise InputError(f"{option('preprocess')} applies to --inputs samples (images, audio, text); "
+                             "no --inputs given")
         if self.inputs is not None and not os.path.exists(self.inputs):
             raise InputError(f"{option('inputs')}: {self.inputs}: no such file or directory")
 
