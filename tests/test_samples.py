@@ -130,6 +130,19 @@ def test_the_clip_steps_are_transformers_own(tmp_path: Path) -> None:
     assert np.abs(ours - theirs).max() < 1e-5
 
 
+def test_convnext_resizes_by_crop_pct_and_crops_back(tmp_path: Path) -> None:
+    """transformers' ConvNext processor: shortest edge 24 / crop_pct 0.75 = 32 (40x30 -> 42x32), crop 24."""
+    config = {"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 24}, "crop_pct": 0.75,
+              "do_normalize": False}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    photo = _png(tmp_path / "p.png", 40, 30, 7)
+    sets = load_inputs(photo, classifier(["batch", 3, "height", "width"]), InputSpec(), tmp_path)
+    img = Image.open(photo).convert("RGB").resize((42, 32), Image.Resampling.BILINEAR).crop((9, 4, 33, 28))
+    want = (np.asarray(img).astype(np.float32) * np.float32(1 / 255)).transpose(2, 0, 1)[None]
+    assert np.array_equal(sets[0]["pixel_values"], want)
+    assert isinstance(sets, SampleSets) and "resize shortest edge 32, crop 24x24, /255)" in sets.source
+
+
 def test_a_bare_image_takes_metadata_or_the_defaults(tmp_path: Path) -> None:
     photo = _png(tmp_path / "wide.png", 40, 20, 4)
     img = Image.open(photo).convert("RGB")

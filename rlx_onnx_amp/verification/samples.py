@@ -8,7 +8,7 @@ hub repository's `onnx/` folder, its parent): `preprocessor_config.json` and `to
 
 - image (`.png .jpg .jpeg .bmp .webp`, read by Pillow) into the one 4-D input, NCHW or NHWC by
   its fixed channel axis, batch 1: by the folder's `preprocessor_config.json` (`size` as
-  height/width or shortest edge, `crop_size` where it crops, `resample`, `rescale_factor`,
+  height/width or shortest edge, `crop_size` where it crops, ConvNext's `crop_pct`, `resample`, `rescale_factor`,
   `image_mean`/`image_std`), else by ultralytics metadata (letterbox to `imgsz`, gray 114
   padding, /255), else to the input's fixed height and width (else 224), /255, ImageNet
   mean/std for 3 channels. One channel: grayscale. An integer input gets the pixels as they are.
@@ -467,6 +467,11 @@ def image_steps(
         crop, _ = _hw(config.get("crop_size")) if config.get("do_center_crop", "crop_size" in config) else (None, None)
         if crop is None and config.get("do_center_crop") and isinstance(config.get("crop_size"), int):
             crop = (config["crop_size"], config["crop_size"])
+        pct = config.get("crop_pct")
+        if shortest is not None and crop is None and isinstance(pct, float) and 0 < pct <= 1:  # ConvNext
+            # below 384 the shortest edge goes to shortest / crop_pct and is cropped back; above, warped
+            shortest, crop, size = ((int(shortest / pct), (shortest, shortest), None) if shortest < 384
+                                    else (None, None, (shortest, shortest)))
         if shortest is not None and crop is None and size is None:  # an int size that does not crop: a square
             size, shortest = (shortest, shortest), None
         scale = float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None
