@@ -166,9 +166,18 @@ def _verify_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--inputs",
             "inputs_path",
-            metavar="FILE.npz|FILE.json|DIR",
-            help="Inputs: an .npz of name -> array (NAME#k for set k), Polygraphy's JSON inputs, or a directory of "
-            "input_N.pb.",
+            metavar="FILE|DIR",
+            help="Inputs: an .npz of name -> array (NAME#k for set k), Polygraphy's JSON inputs, a directory of "
+            "input_N.pb; or samples: images (.png .jpg .bmp .webp), audio (.wav), text (.txt, one prompt per "
+            "line), a directory of them, made into inputs by the model folder's preprocessor_config.json and "
+            'tokenizer.json (pip install "rlx-amp[samples]").',
+        ),
+        click.option(
+            "--preprocess",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Override how --inputs samples are made into inputs: size=HxW (an image's final size), "
+            "mean=R,G,B and std=R,G,B (its normalization), rate=HZ (audio's sample rate).",
         ),
         click.option("--seed", default=0, show_default=True, help="Seed of synthesized inputs."),
         click.option("--samples", default=1, show_default=True, help="Number of synthesized input sets."),

@@ -194,6 +194,7 @@ _VERIFY_ONLY = {
     "provider": "--provider",
     "emulate": "--emulate/--no-emulate",
     "inputs_path": "--inputs",
+    "preprocess": "--preprocess",
     "seed": "--seed",
     "samples": "--samples",
     "ranges": "--input-range",

@@ -382,6 +382,10 @@ class Verification(Record):
     #: The input shapes of the sets drawn at the second size (`sizes.SizePlan.grown`); absent
     #: where every set has the first's.
     inputs_second: dict[str, list[int]] | None = field(default=None, metadata=ABSENT_WHEN_NONE)
+    #: --inputs samples: what the input sets were made from ("samples: 2 images
+    #: (preprocessor_config.json: resize shortest edge 32, crop 28x28, /255, mean/std)"); absent
+    #: for synthesized inputs and arrays.
+    inputs_from: str | None = field(default=None, metadata=ABSENT_WHEN_NONE)
     #: The written file's own run (`WrittenRun`): where its outputs fail, `passed` is False.
     written: WrittenRun | None = field(default=None, metadata=ABSENT_WHEN_NONE)
 

@@ -378,7 +378,10 @@ def constant_note(v: Verification) -> str | None:
 
 def inputs_line(v: Verification, shown: int = 4) -> str | None:
     """`inputs: images 1x3x320x320 from metadata imgsz; second size ...`: the synthesized inputs
-    whose sizes the model does not fix, and why those (JSON `inputs_why`); None where none."""
+    whose sizes the model does not fix, and why those (JSON `inputs_why`); with --inputs samples,
+    what made them (`inputs_from`); None where neither."""
+    if v.inputs_from:
+        return f"inputs: {v.inputs_from}"
     chosen = [(n, why) for n, why in (v.inputs_why or {}).items() if why != "fixed by the model"]
     if not chosen:
         return None

@@ -267,6 +267,7 @@ class Verifier:
             written=written,
             inputs_why=dict(ref.sizes.why) if ref.sizes is not None else None,
             inputs_second=_listed(ref.second_size()),
+            inputs_from=ref.inputs_from,
         )
 
     def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import io
 import json
 import math
 import re
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from rlx_onnx_amp.errors import AmpError, InputError, ModelRunError, first_line
 from rlx_onnx_amp.files import OutputSet
 from rlx_onnx_amp.precision import FLOAT_TYPES
 from rlx_onnx_amp.types import DEFAULT_DIM, concrete_input_shape
+from rlx_onnx_amp.verification.samples import Preprocess, is_samples, read_samples
 from rlx_onnx_amp.verification.sizes import SizePlan, index_extents, plan_sizes
 
 __all__ = [
@@ -94,6 +96,8 @@ class InputSpec:
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     seed: int = DEFAULT_SEED
     samples: int = 1
+    #: How image, audio and text samples given as --inputs are made into inputs (`samples`).
+    preprocess: Preprocess = field(default_factory=Preprocess)
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -440,13 +444,21 @@ def _bytes(n: int) -> str:
     return f"{value:.3g} EiB"
 
 
-def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+def load_inputs(
+    path: str | Path, model: onnx.ModelProto, spec: InputSpec | None = None, folder: Path | None = None
+) -> list[dict[str, np.ndarray]]:
     """Input sets from a file: an .npz of name -> array (with `NAME#k` keys for set k, as
     `--save-inputs` writes them), Polygraphy's JSON input file (a list of name -> array), a
     directory of .npz files (one set each, in name order: AutoCast's multi-batch calibration
-    data), or a directory of ONNX `input_N.pb` tensors (one set)."""
+    data), a directory of ONNX `input_N.pb` tensors (one set), or samples: images, wav audio,
+    text and directories of them, made into inputs by the model's `folder`'s preprocessing
+    (`samples.read_samples`; `SampleSets`, which say so), the inputs they leave synthesized."""
     p = Path(path)
     names = [vi.name for vi in _graph_inputs(model)]
+    spec = spec or InputSpec()
+    npz_dir = p.is_dir() and any(f.suffix.lower() == ".npz" and f.is_file() for f in p.iterdir())
+    if not npz_dir and is_samples(p):
+        return read_samples(p, model, spec.preprocess, folder, _filler(model, spec))
     if p.is_dir():
         npz = sorted((f for f in p.iterdir() if f.suffix.lower() == ".npz" and f.is_file()), key=_natural)
         sets = [_load_npz(f) for f in npz] if npz else [_load_pb_dir(p, names)]
@@ -462,6 +474,17 @@ def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.n
             where = f" (input set {k})" if len(sets) > 1 else ""
             raise InputError(f"{p}: no value for input(s) {', '.join(missing)}{where}")
     return [{n: feeds[n] for n in names} for feeds in sets]
+
+
+def _filler(model: onnx.ModelProto, spec: InputSpec) -> Callable[[Mapping[str, Shape], int], dict[str, np.ndarray]]:
+    """What fills the inputs a sample leaves: set k synthesized as without samples (seed + k),
+    at the sizes the sample's own inputs fix (one size per axis name), with no second size."""
+
+    def fill(given: Mapping[str, Shape], k: int) -> dict[str, np.ndarray]:
+        sized = dataclasses.replace(spec, shapes={**spec.shapes, **given}, seed=spec.seed + k, samples=1)
+        return synthesized_sets(model, sized, plan_sizes(model, sized.shapes, grow=False))[0]
+
+    return fill
 
 
 def _natural(f: Path) -> tuple[object, ...]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rlx_onnx_amp.errors import InputError
 from rlx_onnx_amp.verification.inputs import InputSpec, parse_range, parse_shape
+from rlx_onnx_amp.verification.samples import Preprocess, parse_preprocess
 from rlx_onnx_amp.verification.tolerance import Tolerances
 
 __all__ = [
@@ -76,6 +77,9 @@ class VerifyOptions:
         if self.latency_runs < 0:
             raise InputError(f"{option('latency_runs').replace('_', '-')} must be 0 (not timed) or more")
         resolve_provider(self.provider, option("provider"))
+        if self.spec.preprocess != Preprocess() and self.inputs is None:  # it would do nothing
+            raise InputError(f"{option('preprocess')} applies to --inputs samples (images, audio, text); "
+                             "no --inputs given")
         if self.inputs is not None and not os.path.exists(self.inputs):
             raise InputError(f"{option('inputs')}: {self.inputs}: no such file or directory")
 
@@ -129,11 +133,13 @@ def verify_options_from(
     latency_runs: int = 5,
     task: str = "auto",
     generate_steps: int = DEFAULT_GENERATE_STEPS,
+    preprocess: Sequence[str] = (),
 ) -> VerifyOptions:
     """The options the command line's verify flags give, checked before any work (exit 2)."""
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected a number from 0 to 2**63-1, got {seed}")
-    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples)
+    spec = InputSpec(dict(parse_shape(s) for s in shapes), dict(parse_range(r) for r in ranges), seed, samples,
+                     parse_preprocess(preprocess))
     options = VerifyOptions(
         provider=provider,
         emulate=emulate,

@@ -40,6 +40,7 @@ from rlx_onnx_amp.verification.inputs import (
     synthesized_inputs_error,
     synthesized_sets,
 )
+from rlx_onnx_amp.verification.samples import SampleSets
 from rlx_onnx_amp.verification.screen import ScreenPlan
 from rlx_onnx_amp.verification.sizes import SizePlan, plan_sizes
 
@@ -78,6 +79,8 @@ class Reference:
     value_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: The sizes synthesized inputs were drawn at, and why (None: the user's --inputs).
     sizes: SizePlan | None = None
+    #: What made the input sets where --inputs gave samples (`samples.SampleSets.source`).
+    inputs_from: str | None = None
 
     def second_size(self) -> dict[str, tuple[int, ...]] | None:
         """Each input's shape in the first input set at the plan's second size, where it has one."""
@@ -122,11 +125,12 @@ def prepare_reference(
     options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
     plan = None if options.inputs else plan_sizes(model, options.spec.shapes)
     try:
-        samples = input_sets(model, options, plan)
+        samples = input_sets(model, options, plan, ref_path.parent)
     except UnsynthesizableInput as e:  # no run without a value the user has to give
         raise ReferenceUnavailable(e) from None
     outputs = [o.name for o in model.graph.output]
-    reference = Reference(ref_path, model, provider, samples, outputs, [], [], sizes=plan)
+    reference = Reference(ref_path, model, provider, samples, outputs, [], [], sizes=plan,
+                          inputs_from=samples.source if isinstance(samples, SampleSets) else None)
     try:
         _run(reference, screen, held_out, progress)
     except ModelRunError as e:
@@ -138,7 +142,7 @@ def prepare_reference(
         if found is None:
             raise ReferenceUnavailable(synthesized_inputs_error(e, model, options.spec, tried)) from None
         logger.info("inputs: %s (after %s failed: %s)", found.shown(), plan.shown(), e)
-        reference.sizes, reference.samples = found, input_sets(model, options, found)
+        reference.sizes, reference.samples = found, input_sets(model, options, found, ref_path.parent)
         try:
             _run(reference, screen, held_out, progress)
         except ModelRunError as again:
@@ -248,10 +252,14 @@ def _screened_run(reference: Reference, progress: Progress | None, screened: int
 
 
 def input_sets(
-    model: onnx.ModelProto, options: VerifyOptions, plan: SizePlan | None = None
+    model: onnx.ModelProto, options: VerifyOptions, plan: SizePlan | None = None, folder: Path | None = None
 ) -> list[dict[str, np.ndarray]]:
-    """The input sets a verification runs: the user's file, or seeded synthesis (at `plan`'s
-    sizes, `sizes.plan_sizes`' by default); checked against the model before anything runs."""
-    samples = load_inputs(options.inputs, model) if options.inputs else synthesized_sets(model, options.spec, plan)
+    """The input sets a verification runs: the user's file (samples made into inputs by the
+    model's `folder`'s preprocessing), or seeded synthesis (at `plan`'s sizes,
+    `sizes.plan_sizes`' by default); checked against the model before anything runs."""
+    if options.inputs:
+        samples = load_inputs(options.inputs, model, options.spec, folder)
+    else:
+        samples = synthesized_sets(model, options.spec, plan)
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples
