@@ -173,7 +173,7 @@ class Verifier:
             return self._chosen
         ref = self.reference
         shapes = {n: np.shape(v) for n, v in ref.runs[0].items()} if ref.runs else {}
-        self._generator = find_generator(ref.model)
+        self._generator = find_generator(ref.model, ref.path.name)
         chosen = choose_task(self.options.task, shapes, self._generator, self.options.folder_task)
         if chosen[0] is Task.GENERATE:
             assert self._generator is not None

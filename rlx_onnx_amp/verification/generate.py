@@ -3,8 +3,14 @@
 A generator here is a decoder step model: token ids in (`input_ids`), scores out (`logits`),
 and a key/value cache out (`present.*`), read back as `past_key_values.*` / `past.*` where
 the model takes one (optimum's decoder-with-past and merged decoders, onnxruntime-genai's
-model), or else the whole sequence again (optimum's `decoder_model.onnx`). `find_generator`
-tells one from its interface.
+model), or else the whole sequence again (optimum's `decoder_model.onnx`). A step with no cache
+at all (issue 50: the plain export of a T5 or BART decoder, `input_ids` and
+`encoder_hidden_states` in, `logits` [batch, seq, vocab] out; GPT-2 without past) is one too:
+each step feeds the whole sequence again, one token longer, every other input (the encoder's
+states and mask) as at the first step. Its interface is also a masked LM's (BERT's `input_ids`
+-> `logits` [batch, seq, vocab]), so `sign` says what makes it a decoder's (its file name, an
+encoder input, `decoder_input_ids`): `--task auto` takes it on such a sign only (or on its
+folder's config), `--task generate` always. `find_generator` tells one from its interface.
 
 The loop starts from a feed the verification already ran (its first step: the prompt and, for a
 cached step, its cache), then takes `steps - 1` more steps, each one token: the reference picks
@@ -37,6 +43,8 @@ _PRESENT = re.compile(r"^present\.(?P<part>.+)$")
 _MASKS = ("attention_mask", "decoder_attention_mask")
 _POSITIONS = ("position_ids",)
 _BRANCH = "use_cache_branch"
+#: Inputs that only a decoder reads: the encoder's output and its mask (seq2seq, whisper).
+_ENCODER_INPUTS = ("encoder_hidden_states", "encoder_outputs", "encoder_attention_mask")
 
 
 @dataclass(frozen=True)
@@ -50,15 +58,20 @@ class Generator:
     positions: str | None = None
     branch: str | None = None  # a merged decoder's cached-branch switch
     self_cache: str | None = None  # a present output whose axis -2 counts the positions so far
+    #: No cache in or out: each step is fed the whole sequence again (see the module docstring).
+    cacheless: bool = False
+    #: What says a step without a cache is a decoder's, in words; None where nothing does.
+    sign: str | None = None
 
     @property
     def cached(self) -> bool:
         return bool(self.feedback)
 
 
-def find_generator(model: onnx.ModelProto) -> Generator | None:
-    """The decoder step `model` is, or None: it needs token ids in, a logits output of rank 2
-    or more, and a cache out (`present.*`)."""
+def find_generator(model: onnx.ModelProto, name: str = "") -> Generator | None:
+    """The decoder step `model` (its file named `name`) is, or None: it needs token ids in and a
+    logits output of rank 2 or more with a cache out (`present.*`), or, with no cache in or out,
+    logits [batch, seq, vocab] over the ids' symbolic positions (`_cacheless`)."""
     initializers = {t.name for t in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in initializers]
     outputs = {o.name: o for o in model.graph.output}
@@ -66,23 +79,60 @@ def find_generator(model: onnx.ModelProto) -> Generator | None:
     logits = next((n for n, o in outputs.items() if "logits" in n.lower() and len(o.type.tensor_type.shape.dim) >= 2),
                   None)
     presents = {m.group("part"): n for n in outputs if (m := _PRESENT.match(n))}
-    if ids is None or logits is None or not presents:
+    if ids is None or logits is None:
         return None
+    mask = next((n for n in _MASKS if n in inputs), None)
+    positions = next((n for n in _POSITIONS if n in inputs), None)
+    if not presents:
+        return _cacheless(model, inputs, ids, logits, mask, positions, name)
     feedback = tuple(
-        (name, presents[m.group("part")])
-        for name in inputs
-        if (m := PAST_INPUT.match(name)) and m.group("part") in presents
+        (past, presents[m.group("part")])
+        for past in inputs
+        if (m := PAST_INPUT.match(past)) and m.group("part") in presents
     )
     self_cache = next((n for part, n in sorted(presents.items()) if "encoder" not in part), None)
     return Generator(
         ids=ids,
         logits=logits,
         feedback=feedback,
-        mask=next((n for n in _MASKS if n in inputs), None),
-        positions=next((n for n in _POSITIONS if n in inputs), None),
+        mask=mask,
+        positions=positions,
         branch=_BRANCH if _BRANCH in inputs else None,
         self_cache=self_cache,
     )
+
+
+def _cacheless(
+    model: onnx.ModelProto, inputs: Sequence[str], ids: str, logits: str, mask: str | None, positions: str | None,
+    name: str,
+) -> Generator | None:
+    """A step with no cache: no past input, token ids [batch, seq] and logits [batch, seq,
+    vocab], seq symbolic in both: the loop feeds a longer sequence each step, which a fixed
+    axis refuses (a static export), and a logits [batch, vocab] (a classifier's, or one
+    position's) has no position for each token."""
+    if any(PAST_INPUT.match(n) for n in inputs):
+        return None
+    ids_dims = next(i for i in model.graph.input if i.name == ids).type.tensor_type.shape.dim
+    out_dims = next(o for o in model.graph.output if o.name == logits).type.tensor_type.shape.dim
+    if len(ids_dims) != 2 or len(out_dims) != 3 or (out_dims[2].HasField("dim_value") and out_dims[2].dim_value < 2):
+        return None
+    if any(d.HasField("dim_value") and d.dim_value > 0 for d in (ids_dims[1], out_dims[1])):
+        return None
+    return Generator(ids=ids, logits=logits, feedback=(), mask=mask, positions=positions, cacheless=True,
+                     sign=_decoder_sign(inputs, ids, name))
+
+
+def _decoder_sign(inputs: Sequence[str], ids: str, name: str) -> str | None:
+    """What says a step without a cache is a decoder's rather than a masked LM's: an encoder's
+    output among its inputs, ids named a decoder's, or a file name with `decoder` in it."""
+    encoder = next((n for n in _ENCODER_INPUTS if n in inputs), None)
+    if encoder is not None:
+        return f"an {encoder} input"
+    if ids == "decoder_input_ids":
+        return "a decoder_input_ids input"
+    if "decoder" in name.lower():
+        return f"its file name {name}"
+    return None
 
 
 @dataclass
