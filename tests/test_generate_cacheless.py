@@ -18,9 +18,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from fixtures.decoders import cross_decoder, decoder_step, gpt2_without_past, masked_lm
-from rlx_onnx_amp.verification.generate import decode, find_generator, next_feeds
+from fixtures.decoders import cross_decoder, decoder_step, gpt2_without_past, masked_lm, table_encoder
+from rlx_onnx_amp.verification.generate import decode, find_generator, folder_encoder, next_feeds
 from rlx_onnx_amp.verification.inputs import InputSpec, synthesized_sets
+from rlx_onnx_amp.verification.options import VerifyOptions
+from rlx_onnx_amp.verification.reference import prepare_reference
 from rlx_onnx_amp.verification.task import Task, choose_task
 from tests.helpers import rlx
 
@@ -173,6 +175,44 @@ def test_gpt2_without_past_generates_alone_and_in_its_folder(tmp_path: Path) -> 
     task = model["verify"]["task"]
     assert (task["task"], task["chosen_by"], task["passed"]) == (
         "generate", "auto: config.json architectures GPT2LMHeadModel", True)
+
+
+def _from_table(states: np.ndarray, table: np.ndarray, mask: np.ndarray) -> bool:
+    """Whether every state is its token's row of the encoder's table (zero where masked)."""
+    rows = states.reshape(-1, states.shape[-1])
+    kept = mask.reshape(-1).astype(bool)
+    distance = np.abs(rows[:, None, :] - table[None, :, :]).max(axis=-1).min(axis=1)
+    return bool((distance[kept] == 0).all() and (rows[~kept] == 0).all())
+
+
+def test_a_folders_decoder_reads_its_encoders_states(tmp_path: Path) -> None:
+    """An encoder_model.onnx beside the decoder: the decoder's encoder_hidden_states are the
+    encoder's output (onnxruntime's, on drawn token ids under the decoder's encoder mask), not
+    drawn noise; the folder's decoder generates on them."""
+    folder = tmp_path / "t5-like"
+    encoder = _save(table_encoder(), folder / "encoder_model.onnx")
+    decoder = _save(cross_decoder(), folder / "decoder_model.onnx")
+    (folder / "config.json").write_text(json.dumps({"architectures": ["T5ForConditionalGeneration"]}))
+    rels = [Path("decoder_model.onnx"), Path("encoder_model.onnx")]
+    assert folder_encoder(folder, rels) == encoder and folder_encoder(folder, rels[:1]) is None
+    table = onnx.numpy_helper.to_array(onnx.load(str(encoder)).graph.initializer[0])
+    read = prepare_reference(decoder, VerifyOptions(provider="cpu", encoder=str(encoder)))
+    drawn = prepare_reference(decoder, VerifyOptions(provider="cpu"))
+    assert len(read.samples) == len(drawn.samples) == 2  # the two sizes
+    for with_encoder, alone in zip(read.samples, drawn.samples):
+        mask = with_encoder["encoder_attention_mask"]
+        assert _from_table(with_encoder["encoder_hidden_states"], table, mask)
+        assert not _from_table(alone["encoder_hidden_states"], table, alone["encoder_attention_mask"])
+        assert with_encoder["input_ids"].tolist() == alone["input_ids"].tolist()  # the rest as drawn
+    # the reference's run is on those states: its logits are the decoder's on them
+    session = ort.InferenceSession(str(decoder), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(read.runs[0]["logits"], session.run(["logits"], read.samples[0])[0])
+    result = rlx(folder, "-p", "always-f16", "-o", tmp_path / "out", "--provider", "cpu", "-q",
+                 "--report-json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    tasks = {Path(m["output"]).name: (m["verify"]["task"]["task"], m["verify"]["task"]["passed"])
+             for m in json.loads((tmp_path / "r.json").read_text())["models"]}
+    assert tasks == {"encoder_model.onnx": ("embed", True), "decoder_model.onnx": ("generate", True)}
 
 
 # -- optimum's T5 exported without a cache (its own venv: RLX_AMP_OPTIMUM_PYTHON) ----------------

@@ -23,20 +23,33 @@ read back (but for an empty present: optimum's merged seq2seq decoder outputs on
 encoder's cache on its cached branch, which is fed the first step's again), the attention mask
 one position longer, the positions counted from it, a `use_cache_branch` set to the cached
 branch.
+
+In a seq2seq export folder (optimum's `encoder_model.onnx` beside its decoders), a decoder's
+`encoder_hidden_states` are the f32 encoder's output on drawn token ids (`folder_encoder`,
+`with_encoder_states`), not noise: the states a decoder meets in use, whose attention a
+converted decoder must still read right.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.verification.inputs import PAST_INPUT
+from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.loading import load_model
+from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, synthesized_sets
+from rlx_onnx_amp.verification.options import PROVIDERS, session_thread_count
 
-__all__ = ["Generator", "Steps", "decode", "find_generator", "next_feeds"]
+__all__ = ["Generator", "Steps", "decode", "find_generator", "folder_encoder", "next_feeds", "with_encoder_states"]
+
+logger = logging.getLogger(__name__)
 
 _IDS = ("input_ids", "decoder_input_ids")
 _PRESENT = re.compile(r"^present\.(?P<part>.+)$")
@@ -211,3 +224,60 @@ def next_feeds(
     if gen.branch is not None:
         new[gen.branch] = np.ones_like(np.asarray(feeds[gen.branch]))
     return new
+
+
+#: optimum's seq2seq encoder file, the output its decoders read, and the inputs they read it as.
+ENCODER_FILE, _ENCODER_OUTPUT = "encoder_model.onnx", "last_hidden_state"
+_STATES, _ENCODER_MASK = "encoder_hidden_states", "encoder_attention_mask"
+
+
+def folder_encoder(root: Path, models: Sequence[Path]) -> Path | None:
+    """The encoder of an export folder whose decoders read its output (paths relative to
+    `root`): optimum's `encoder_model.onnx`, `input_ids` in and `last_hidden_state` out, where
+    another model of the folder takes `encoder_hidden_states`; None elsewhere."""
+    encoder = next((m for m in models if m.name == ENCODER_FILE), None)
+    if encoder is None:
+        return None
+    model = load_model(root / encoder)
+    if "input_ids" not in {i.name for i in model.graph.input} or _ENCODER_OUTPUT not in {
+            o.name for o in model.graph.output}:
+        return None
+    readers = [m for m in models if m != encoder and _STATES in {i.name for i in load_model(root / m).graph.input}]
+    return root / encoder if readers else None
+
+
+def with_encoder_states(
+    sets: Sequence[dict[str, np.ndarray]], encoder: Path, spec: InputSpec, provider: str
+) -> list[dict[str, np.ndarray]]:
+    """A decoder's input `sets` with their `encoder_hidden_states` the f32 `encoder`'s output on
+    seeded token ids of the same batch and length (drawn as the encoder's own inputs are),
+    under the decoder's `encoder_attention_mask` where it has one. Sets without the input are
+    kept; where the encoder cannot run on them, the drawn states are kept, and a warning says so."""
+    from rlx_onnx_amp.sessions import OrtSession  # onnxruntime: when an encoder runs, not at import
+
+    model = load_model(encoder)
+    takes = {i.name for i in model.graph.input}
+    session: OrtSession | None = None
+    found = []
+    for k, feeds in enumerate(sets):
+        if _STATES not in feeds:
+            found.append(feeds)
+            continue
+        batch, length = np.shape(feeds[_STATES])[:2]
+        shapes: dict[str, tuple[int, ...]] = {n: (int(batch), int(length)) for n in ("input_ids", "attention_mask")
+                                               if n in takes}
+        drawn = synthesized_sets(model, dataclasses.replace(spec, shapes=shapes, samples=1,
+                                                              seed=(spec.seed + k) % 2**63))[0]
+        if _ENCODER_MASK in feeds and "attention_mask" in takes:
+            drawn["attention_mask"] = np.asarray(feeds[_ENCODER_MASK]).astype(drawn["attention_mask"].dtype)
+        try:
+            session = session or OrtSession(str(encoder), PROVIDERS[provider], str(encoder), shown=provider,
+                                            role="the folder's encoder", threads=session_thread_count(),
+                                            prepacking=False)
+            (states,) = session.run([_ENCODER_OUTPUT], {n: v for n, v in drawn.items() if n in takes})
+        except AmpError as e:
+            logger.warning("%s: the decoder's %s stay drawn: the encoder does not run on set %d (%s)", encoder,
+                           _STATES, k, e)
+            return list(sets)
+        found.append({**feeds, _STATES: states.astype(np.asarray(feeds[_STATES]).dtype)})
+    return found
