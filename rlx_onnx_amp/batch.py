@@ -40,6 +40,7 @@ from rlx_onnx_amp.pipeline import ConvertJob
 from rlx_onnx_amp.reports.record import ModelResult, Run, batch_json, report_document
 from rlx_onnx_amp.reports.text import batch_table, conversion_markdown, verify_markdown
 from rlx_onnx_amp.stops import Terminated, raise_on_stop, raise_stop, stop_requested
+from rlx_onnx_amp.verification.generate import folder_encoder
 
 __all__ = ["RunResults", "WorkerOutcome", "convert_directory", "run_in_workers"]
 
@@ -216,12 +217,13 @@ def convert_directory(job: ConvertJob, src: Path, out: Path) -> list[tuple[Model
     for rel, shapes in config_shapes(src, export.models).items():
         cache_shapes[rel] = {**shapes, **cache_shapes.get(rel, {})}
     folder_task = config_task(src)
+    encoder = folder_encoder(src, export.models)  # a seq2seq folder: its decoders read the encoder's states
     job = job.replaced(export_dir=True)
     results: list[tuple[ModelResult, float]] = []
     with StagedDirectory(out) as staged:
         with OutputSet(job.paths.protected()) as outputs:
             for k, rel in enumerate(export.models, 1):
-                model_job, started = job.in_folder(cache_shapes.get(rel, {}), folder_task), time.monotonic()
+                model_job, started = job.in_folder(cache_shapes.get(rel, {}), folder_task, encoder), time.monotonic()
                 position = f"[{k}/{len(export.models)}] " if len(export.models) > 1 else ""
                 result = model_job.convert_contained(
                     str(src / rel), str(staged.path(rel)), outputs, str(out / rel), position

@@ -263,15 +263,19 @@ class ConvertJob:
         """This job with some of its settings changed."""
         return ConvertJob(dataclasses.replace(self.settings, **changes), self.paths, self.reporters)  # type: ignore[arg-type]
 
-    def in_folder(self, shapes: Mapping[str, tuple[int, ...]], task: tuple[str, str] | None) -> ConvertJob:
+    def in_folder(
+        self, shapes: Mapping[str, tuple[int, ...]], task: tuple[str, str] | None, encoder: Path | None = None
+    ) -> ConvertJob:
         """This job with `shapes` for inputs its verification synthesizes, where `--shape`
-        names none (an export directory's `genai_cache_shapes`), and the task the folder's
-        config names (`directory.config_task`)."""
+        names none (an export directory's `genai_cache_shapes`), the task the folder's
+        config names (`directory.config_task`), and the folder's encoder whose output its
+        decoders read (`generate.folder_encoder`)."""
         verify_options = self.settings.verify_options
-        if verify_options is None or (not shapes and task is None):
+        if verify_options is None or (not shapes and task is None and encoder is None):
             return self
         spec = dataclasses.replace(verify_options.spec, shapes={**shapes, **verify_options.spec.shapes})
-        return self.replaced(verify_options=dataclasses.replace(verify_options, spec=spec, folder_task=task))
+        return self.replaced(verify_options=dataclasses.replace(
+            verify_options, spec=spec, folder_task=task, encoder=str(encoder) if encoder is not None else None))
 
     def convert_contained(
         self, src: str, dst: str, outputs: OutputSet, shown: str | None = None, position: str = ""

@@ -174,7 +174,7 @@ class Verifier:
             return self._chosen
         ref = self.reference
         shapes = {n: np.shape(v) for n, v in ref.runs[0].items()} if ref.runs else {}
-        self._generator = find_generator(ref.model)
+        self._generator = find_generator(ref.model, ref.path.name)
         # a folder's config names the task; else the model's own metadata may (ultralytics' task)
         named_by = self.options.folder_task or metadata_task(ref.model)
         chosen = choose_task(self.options.task, shapes, self._generator, named_by)

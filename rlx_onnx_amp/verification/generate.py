@@ -3,8 +3,14 @@
 A generator here is a decoder step model: token ids in (`input_ids`), scores out (`logits`),
 and a key/value cache out (`present.*`), read back as `past_key_values.*` / `past.*` where
 the model takes one (optimum's decoder-with-past and merged decoders, onnxruntime-genai's
-model), or else the whole sequence again (optimum's `decoder_model.onnx`). `find_generator`
-tells one from its interface.
+model), or else the whole sequence again (optimum's `decoder_model.onnx`). A step with no cache
+at all (issue 50: the plain export of a T5 or BART decoder, `input_ids` and
+`encoder_hidden_states` in, `logits` [batch, seq, vocab] out; GPT-2 without past) is one too:
+each step feeds the whole sequence again, one token longer, every other input (the encoder's
+states and mask) as at the first step. Its interface is also a masked LM's (BERT's `input_ids`
+-> `logits` [batch, seq, vocab]), so `sign` says what makes it a decoder's (its file name, an
+encoder input, `decoder_input_ids`): `--task auto` takes it on such a sign only (or on its
+folder's config), `--task generate` always. `find_generator` tells one from its interface.
 
 The loop starts from a feed the verification already ran (its first step: the prompt and, for a
 cached step, its cache), then takes `steps - 1` more steps, each one token: the reference picks
@@ -17,26 +23,41 @@ read back (but for an empty present: optimum's merged seq2seq decoder outputs on
 encoder's cache on its cached branch, which is fed the first step's again), the attention mask
 one position longer, the positions counted from it, a `use_cache_branch` set to the cached
 branch.
+
+In a seq2seq export folder (optimum's `encoder_model.onnx` beside its decoders), a decoder's
+`encoder_hidden_states` are the f32 encoder's output on drawn token ids (`folder_encoder`,
+`with_encoder_states`), not noise: the states a decoder meets in use, whose attention a
+converted decoder must still read right.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.verification.inputs import PAST_INPUT
+from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.loading import load_model
+from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, synthesized_sets
+from rlx_onnx_amp.verification.options import PROVIDERS, session_thread_count
 
-__all__ = ["Generator", "Steps", "decode", "find_generator", "next_feeds"]
+__all__ = ["Generator", "Steps", "decode", "find_generator", "folder_encoder", "next_feeds", "with_encoder_states"]
+
+logger = logging.getLogger(__name__)
 
 _IDS = ("input_ids", "decoder_input_ids")
 _PRESENT = re.compile(r"^present\.(?P<part>.+)$")
 _MASKS = ("attention_mask", "decoder_attention_mask")
 _POSITIONS = ("position_ids",)
 _BRANCH = "use_cache_branch"
+#: Inputs that only a decoder reads: the encoder's output and its mask (seq2seq, whisper).
+_ENCODER_INPUTS = ("encoder_hidden_states", "encoder_outputs", "encoder_attention_mask")
 
 
 @dataclass(frozen=True)
@@ -50,15 +71,20 @@ class Generator:
     positions: str | None = None
     branch: str | None = None  # a merged decoder's cached-branch switch
     self_cache: str | None = None  # a present output whose axis -2 counts the positions so far
+    #: No cache in or out: each step is fed the whole sequence again (see the module docstring).
+    cacheless: bool = False
+    #: What says a step without a cache is a decoder's, in words; None where nothing does.
+    sign: str | None = None
 
     @property
     def cached(self) -> bool:
         return bool(self.feedback)
 
 
-def find_generator(model: onnx.ModelProto) -> Generator | None:
-    """The decoder step `model` is, or None: it needs token ids in, a logits output of rank 2
-    or more, and a cache out (`present.*`)."""
+def find_generator(model: onnx.ModelProto, name: str = "") -> Generator | None:
+    """The decoder step `model` (its file named `name`) is, or None: it needs token ids in and a
+    logits output of rank 2 or more with a cache out (`present.*`), or, with no cache in or out,
+    logits [batch, seq, vocab] over the ids' symbolic positions (`_cacheless`)."""
     initializers = {t.name for t in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in initializers]
     outputs = {o.name: o for o in model.graph.output}
@@ -66,23 +92,60 @@ def find_generator(model: onnx.ModelProto) -> Generator | None:
     logits = next((n for n, o in outputs.items() if "logits" in n.lower() and len(o.type.tensor_type.shape.dim) >= 2),
                   None)
     presents = {m.group("part"): n for n in outputs if (m := _PRESENT.match(n))}
-    if ids is None or logits is None or not presents:
+    if ids is None or logits is None:
         return None
+    mask = next((n for n in _MASKS if n in inputs), None)
+    positions = next((n for n in _POSITIONS if n in inputs), None)
+    if not presents:
+        return _cacheless(model, inputs, ids, logits, mask, positions, name)
     feedback = tuple(
-        (name, presents[m.group("part")])
-        for name in inputs
-        if (m := PAST_INPUT.match(name)) and m.group("part") in presents
+        (past, presents[m.group("part")])
+        for past in inputs
+        if (m := PAST_INPUT.match(past)) and m.group("part") in presents
     )
     self_cache = next((n for part, n in sorted(presents.items()) if "encoder" not in part), None)
     return Generator(
         ids=ids,
         logits=logits,
         feedback=feedback,
-        mask=next((n for n in _MASKS if n in inputs), None),
-        positions=next((n for n in _POSITIONS if n in inputs), None),
+        mask=mask,
+        positions=positions,
         branch=_BRANCH if _BRANCH in inputs else None,
         self_cache=self_cache,
     )
+
+
+def _cacheless(
+    model: onnx.ModelProto, inputs: Sequence[str], ids: str, logits: str, mask: str | None, positions: str | None,
+    name: str,
+) -> Generator | None:
+    """A step with no cache: no past input, token ids [batch, seq] and logits [batch, seq,
+    vocab], seq symbolic in both: the loop feeds a longer sequence each step, which a fixed
+    axis refuses (a static export), and a logits [batch, vocab] (a classifier's, or one
+    position's) has no position for each token."""
+    if any(PAST_INPUT.match(n) for n in inputs):
+        return None
+    ids_dims = next(i for i in model.graph.input if i.name == ids).type.tensor_type.shape.dim
+    out_dims = next(o for o in model.graph.output if o.name == logits).type.tensor_type.shape.dim
+    if len(ids_dims) != 2 or len(out_dims) != 3 or (out_dims[2].HasField("dim_value") and out_dims[2].dim_value < 2):
+        return None
+    if any(d.HasField("dim_value") and d.dim_value > 0 for d in (ids_dims[1], out_dims[1])):
+        return None
+    return Generator(ids=ids, logits=logits, feedback=(), mask=mask, positions=positions, cacheless=True,
+                     sign=_decoder_sign(inputs, ids, name))
+
+
+def _decoder_sign(inputs: Sequence[str], ids: str, name: str) -> str | None:
+    """What says a step without a cache is a decoder's rather than a masked LM's: an encoder's
+    output among its inputs, ids named a decoder's, or a file name with `decoder` in it."""
+    encoder = next((n for n in _ENCODER_INPUTS if n in inputs), None)
+    if encoder is not None:
+        return f"an {encoder} input"
+    if ids == "decoder_input_ids":
+        return "a decoder_input_ids input"
+    if "decoder" in name.lower():
+        return f"its file name {name}"
+    return None
 
 
 @dataclass
@@ -161,3 +224,60 @@ def next_feeds(
     if gen.branch is not None:
         new[gen.branch] = np.ones_like(np.asarray(feeds[gen.branch]))
     return new
+
+
+#: optimum's seq2seq encoder file, the output its decoders read, and the inputs they read it as.
+ENCODER_FILE, _ENCODER_OUTPUT = "encoder_model.onnx", "last_hidden_state"
+_STATES, _ENCODER_MASK = "encoder_hidden_states", "encoder_attention_mask"
+
+
+def folder_encoder(root: Path, models: Sequence[Path]) -> Path | None:
+    """The encoder of an export folder whose decoders read its output (paths relative to
+    `root`): optimum's `encoder_model.onnx`, `input_ids` in and `last_hidden_state` out, where
+    another model of the folder takes `encoder_hidden_states`; None elsewhere."""
+    encoder = next((m for m in models if m.name == ENCODER_FILE), None)
+    if encoder is None:
+        return None
+    model = load_model(root / encoder)
+    if "input_ids" not in {i.name for i in model.graph.input} or _ENCODER_OUTPUT not in {
+            o.name for o in model.graph.output}:
+        return None
+    readers = [m for m in models if m != encoder and _STATES in {i.name for i in load_model(root / m).graph.input}]
+    return root / encoder if readers else None
+
+
+def with_encoder_states(
+    sets: Sequence[dict[str, np.ndarray]], encoder: Path, spec: InputSpec, provider: str
+) -> list[dict[str, np.ndarray]]:
+    """A decoder's input `sets` with their `encoder_hidden_states` the f32 `encoder`'s output on
+    seeded token ids of the same batch and length (drawn as the encoder's own inputs are),
+    under the decoder's `encoder_attention_mask` where it has one. Sets without the input are
+    kept; where the encoder cannot run on them, the drawn states are kept, and a warning says so."""
+    from rlx_onnx_amp.sessions import OrtSession  # onnxruntime: when an encoder runs, not at import
+
+    model = load_model(encoder)
+    takes = {i.name for i in model.graph.input}
+    session: OrtSession | None = None
+    found = []
+    for k, feeds in enumerate(sets):
+        if _STATES not in feeds:
+            found.append(feeds)
+            continue
+        batch, length = np.shape(feeds[_STATES])[:2]
+        shapes: dict[str, tuple[int, ...]] = {n: (int(batch), int(length)) for n in ("input_ids", "attention_mask")
+                                               if n in takes}
+        drawn = synthesized_sets(model, dataclasses.replace(spec, shapes=shapes, samples=1,
+                                                              seed=(spec.seed + k) % 2**63))[0]
+        if _ENCODER_MASK in feeds and "attention_mask" in takes:
+            drawn["attention_mask"] = np.asarray(feeds[_ENCODER_MASK]).astype(drawn["attention_mask"].dtype)
+        try:
+            session = session or OrtSession(str(encoder), PROVIDERS[provider], str(encoder), shown=provider,
+                                            role="the folder's encoder", threads=session_thread_count(),
+                                            prepacking=False)
+            (states,) = session.run([_ENCODER_OUTPUT], {n: v for n, v in drawn.items() if n in takes})
+        except AmpError as e:
+            logger.warning("%s: the decoder's %s stay drawn: the encoder does not run on set %d (%s)", encoder,
+                           _STATES, k, e)
+            return list(sets)
+        found.append({**feeds, _STATES: states.astype(np.asarray(feeds[_STATES]).dtype)})
+    return found

@@ -64,6 +64,9 @@ class VerifyOptions:
     folder_task: tuple[str, str] | None = None
     #: The greedy steps per prompt of the `generate` task, its first one included.
     generate_steps: int = DEFAULT_GENERATE_STEPS
+    #: A seq2seq folder's encoder (`generate.folder_encoder`): a decoder's synthesized
+    #: `encoder_hidden_states` are its output (`generate.with_encoder_states`), not noise.
+    encoder: str | None = None
 
     def check(self, option: Callable[[str], str] = "--{}".format) -> None:
         """Raise InputError for what makes these options unusable, before any work: no sample

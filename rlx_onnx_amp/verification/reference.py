@@ -33,6 +33,7 @@ from rlx_onnx_amp.verification.compare import (
     resolve_provider,
     run_each,
 )
+from rlx_onnx_amp.verification.generate import with_encoder_states
 from rlx_onnx_amp.verification.inputs import (
     UnsynthesizableInput,
     check_feeds,
@@ -261,5 +262,7 @@ def input_sets(
         samples = load_inputs(options.inputs, model, options.spec, folder)
     else:
         samples = synthesized_sets(model, options.spec, plan)
+    if options.encoder is not None and not options.inputs:  # a seq2seq folder's decoder: its encoder's states
+        samples = with_encoder_states(samples, Path(options.encoder), options.spec, resolve_provider(options.provider))
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples

@@ -414,8 +414,20 @@ def _why_segment(named: tuple[str, ...], outputs: Shapes, generator: Generator |
     return f"output {named[0]!r} (N x C x H x W: {c} classes on axis 1 for each of {h * w} pixels)"
 
 
+def _generate_outputs(outputs: Shapes, generator: Generator | None, by_name: bool) -> tuple[str, ...]:
+    """The decoder step's logits. For `auto`, a step without a cache only where something says
+    it is a decoder's (`Generator.sign`): a masked LM has the same `input_ids` -> `logits`
+    [batch, seq, vocab] interface, and its logits are judged as a classifier's."""
+    if generator is None or (by_name and generator.cacheless and generator.sign is None):
+        return ()
+    return (generator.logits,)
+
+
 def _why_generate(named: tuple[str, ...], outputs: Shapes, generator: Generator | None) -> str:
     assert generator is not None
+    if generator.cacheless:
+        return (f"a decoder step without a cache ({generator.ids} in, {generator.logits} out, the whole sequence "
+                f"fed again each step; a decoder's by {generator.sign})")
     return f"a decoder step ({generator.ids} in, {generator.logits} and a cache out)"
 
 
@@ -473,9 +485,9 @@ TASK_SPECS: Mapping[Task, TaskSpec] = {
     for spec in (
         TaskSpec(
             Task.GENERATE, "the logits' last position, last axis: the vocabulary",
-            lambda outputs, generator, _: (generator.logits,) if generator is not None else (),
-            _generation, _say_generate,
-            "--task generate: the model is no decoder step (input_ids in, logits and present.* out)",
+            _generate_outputs, _generation, _say_generate,
+            "--task generate: the model is no decoder step (input_ids in; logits and present.* out, or logits "
+            "[batch, seq, vocab] and no cache)",
             why=_why_generate,
         ),
         TaskSpec(
