@@ -197,11 +197,16 @@ def test_a_folders_decoder_reads_its_encoders_states(tmp_path: Path) -> None:
     assert folder_encoder(folder, rels) == encoder and folder_encoder(folder, rels[:1]) is None
     table = onnx.numpy_helper.to_array(onnx.load(str(encoder)).graph.initializer[0])
     read = prepare_reference(decoder, VerifyOptions(provider="cpu", encoder=str(encoder)))
-    drawn = prepare_reference(decoder, VerifyOptions(provider="cpu"))
-    assert len(read.samples) == len(drawn.samples) == 2  # the two sizes
-    for with_encoder, alone in zip(read.samples, drawn.samples):
+    # The decoder file given alone (or with its encoder) reads the encoder beside it; a decoder
+    # with no encoder beside it gets drawn states.
+    beside = prepare_reference(decoder, VerifyOptions(provider="cpu"))
+    drawn = prepare_reference(_save(cross_decoder(), tmp_path / "lone" / "decoder_model.onnx"),
+                              VerifyOptions(provider="cpu"))
+    assert len(read.samples) == len(drawn.samples) == len(beside.samples) == 2  # the two sizes
+    for with_encoder, found, alone in zip(read.samples, beside.samples, drawn.samples):
         mask = with_encoder["encoder_attention_mask"]
         assert _from_table(with_encoder["encoder_hidden_states"], table, mask)
+        np.testing.assert_array_equal(found["encoder_hidden_states"], with_encoder["encoder_hidden_states"])
         assert not _from_table(alone["encoder_hidden_states"], table, alone["encoder_attention_mask"])
         assert with_encoder["input_ids"].tolist() == alone["input_ids"].tolist()  # the rest as drawn
     # the reference's run is on those states: its logits are the decoder's on them

@@ -47,7 +47,16 @@ from rlx_onnx_amp.loading import load_model
 from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, synthesized_sets
 from rlx_onnx_amp.verification.options import PROVIDERS, session_thread_count
 
-__all__ = ["Generator", "Steps", "decode", "find_generator", "folder_encoder", "next_feeds", "with_encoder_states"]
+__all__ = [
+    "Generator",
+    "Steps",
+    "decode",
+    "encoder_beside",
+    "find_generator",
+    "folder_encoder",
+    "next_feeds",
+    "with_encoder_states",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -236,14 +245,24 @@ def folder_encoder(root: Path, models: Sequence[Path]) -> Path | None:
     `root`): optimum's `encoder_model.onnx`, `input_ids` in and `last_hidden_state` out, where
     another model of the folder takes `encoder_hidden_states`; None elsewhere."""
     encoder = next((m for m in models if m.name == ENCODER_FILE), None)
-    if encoder is None:
-        return None
-    model = load_model(root / encoder)
-    if "input_ids" not in {i.name for i in model.graph.input} or _ENCODER_OUTPUT not in {
-            o.name for o in model.graph.output}:
+    if encoder is None or not _is_encoder(root / encoder):
         return None
     readers = [m for m in models if m != encoder and _STATES in {i.name for i in load_model(root / m).graph.input}]
     return root / encoder if readers else None
+
+
+def encoder_beside(decoder: onnx.ModelProto, folder: Path) -> Path | None:
+    """The encoder a decoder given alone (or with its encoder) reads: `folder`'s optimum
+    `encoder_model.onnx`, where the decoder takes `encoder_hidden_states`; None elsewhere."""
+    encoder = folder / ENCODER_FILE
+    takes = {i.name for i in decoder.graph.input}
+    return encoder if _STATES in takes and encoder.is_file() and _is_encoder(encoder) else None
+
+
+def _is_encoder(path: Path) -> bool:
+    model = load_model(path)
+    return "input_ids" in {i.name for i in model.graph.input} and _ENCODER_OUTPUT in {
+        o.name for o in model.graph.output}
 
 
 def with_encoder_states(

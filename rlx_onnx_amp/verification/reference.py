@@ -33,7 +33,7 @@ from rlx_onnx_amp.verification.compare import (
     resolve_provider,
     run_each,
 )
-from rlx_onnx_amp.verification.generate import with_encoder_states
+from rlx_onnx_amp.verification.generate import encoder_beside, with_encoder_states
 from rlx_onnx_amp.verification.inputs import (
     UnsynthesizableInput,
     check_feeds,
@@ -262,7 +262,12 @@ def input_sets(
         samples = load_inputs(options.inputs, model, options.spec, folder)
     else:
         samples = synthesized_sets(model, options.spec, plan)
-    if options.encoder is not None and not options.inputs:  # a seq2seq folder's decoder: its encoder's states
-        samples = with_encoder_states(samples, Path(options.encoder), options.spec, resolve_provider(options.provider))
+    # A seq2seq decoder: its encoder's states, the export folder's (`options.encoder`) or the
+    # encoder file beside it (the decoder given alone, or with its encoder).
+    encoder = Path(options.encoder) if options.encoder is not None else None
+    if encoder is None and folder is not None:
+        encoder = encoder_beside(model, folder)
+    if encoder is not None and not options.inputs:
+        samples = with_encoder_states(samples, encoder, options.spec, resolve_provider(options.provider))
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples
