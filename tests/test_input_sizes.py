@@ -208,7 +208,7 @@ def test_a_second_size_shows_what_grows_with_length(tmp_path: Path) -> None:
 def test_auto_and_repair_on_inputs_that_cannot_run_exit_as_the_plain_command(tmp_path: Path) -> None:
     """A Conv wider than every length tried: the plain command writes the model unverified (exit
     4) and says to give --shape; `--policy auto` and `--repair` do the same, not exit 2."""
-    weight = numpy_helper.from_array(np.full((1, 1, 100), 0.1, np.float32), "w")
+    weight = numpy_helper.from_array(np.full((1, 1, 600), 0.1, np.float32), "w")
     model = _model([helper.make_node("Conv", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 1, "T"])],
                    [helper.make_tensor_value_info("y", F, [1, 1, "U"])], [weight])
     for flags in ((), ("-p", "auto"), ("--repair",)):
@@ -216,6 +216,57 @@ def test_auto_and_repair_on_inputs_that_cannot_run_exit_as_the_plain_command(tmp
         code, report, text = _convert(tmp_path, model, *flags)
         assert code == 4, (flags, text)
         assert (tmp_path / "o.onnx").exists() and "verify" not in report
-        assert "x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8" in report["unverified"]
+        assert "x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8, 1x1x256, 1x1x512" in report["unverified"]
         assert "rlx-amp: next: " in text and "--shape NAME:1x128" in text
     assert _convert(tmp_path, model, "-p", "auto", "--verify")[0] == 2
+
+
+def voice_activity(with_rate: bool = True) -> onnx.ModelProto:
+    """silero-vad's interface in miniature: `input` [?, ?] (no axis names) takes one chunk of 512
+    samples (its Reshape), `state` [2, ?, 128] has the chunk's batch in the middle (a Reshape to
+    [2, 128] needs it 1), and `sr` is an integer scalar."""
+    inputs = [helper.make_tensor_value_info("input", F, [None, None]),
+              helper.make_tensor_value_info("state", F, [2, None, 128])]
+    nodes = [helper.make_node("Reshape", ["input", "chunk"], ["x"]),
+             helper.make_node("Reshape", ["state", "flat_state"], ["s"]),
+             helper.make_node("ReduceSum", ["x", "last"], ["xs"]),
+             helper.make_node("ReduceSum", ["s", "last"], ["ss"]),
+             helper.make_node("Concat", ["xs", "ss"], ["y"], axis=0)]
+    inits = [numpy_helper.from_array(np.array([1, 512], np.int64), "chunk"),
+             numpy_helper.from_array(np.array([2, 128], np.int64), "flat_state"),
+             numpy_helper.from_array(np.array([1], np.int64), "last")]
+    if with_rate:
+        inputs.append(helper.make_tensor_value_info("sr", I64, []))
+        nodes += [helper.make_node("Cast", ["sr"], ["srf"], to=F), helper.make_node("Mul", ["srf", "zero"], ["z"]),
+                  helper.make_node("Add", ["y", "z"], ["out"])]
+        inits.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    else:
+        nodes.append(helper.make_node("Identity", ["y"], ["out"]))
+    return _model(nodes, inputs, [helper.make_tensor_value_info("out", F, [3, 1])], inits)
+
+
+def test_a_voice_models_chunk_and_state_fit(tmp_path: Path) -> None:
+    """The sweep's silero-vad exports (5 of 60 trained models could not run): with `sr`, the
+    waveform is audio (16000 fails, 512 runs) and the state's middle axis is the batch; without
+    `sr`, an unnamed axis's retries reach 512 after 64, 32, 16, 8 and 256 fail."""
+    for with_rate, why in ((True, "default batch 1, default audio 512"), (False, "default batch 1, default axis 512")):
+        code, report, text = _convert(tmp_path, voice_activity(with_rate), "-p", "always-f16")
+        assert code == 0, text
+        verify = report["verify"]
+        assert verify["inputs"]["input"] == [1, 512] and verify["inputs"]["state"] == [2, 1, 128]
+        assert verify["inputs_why"]["input"] == why
+
+
+def test_a_side_under_the_stride_estimate_is_tried_as_it_is() -> None:
+    """A text recognizer whose height must stay under 64 while its Conv strides multiply to 64:
+    the last retry tries a 32-pixel side as it is, not rounded up to 64."""
+    nodes, prev, inits = [], "x", []
+    for k in range(6):
+        inits.append(_w(f"w{k}", 3, 3, 1, 1))
+        nodes.append(helper.make_node("Conv", [prev, f"w{k}"], [f"c{k}"], strides=[2, 2]))
+        prev = f"c{k}"
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 3, "height", "width"])],
+                   [helper.make_tensor_value_info(prev, F, ["batch", 3, "h", "w"])], inits)
+    assert model_stride(model) == 64
+    sides = [plan_sizes(model, {}, attempt=k).shapes["x"][2] for k in range(plan_sizes(model, {}).attempts)]
+    assert sides == [256, 320, 640, 128, 64, 32]

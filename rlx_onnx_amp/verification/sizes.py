@@ -59,9 +59,11 @@ SIZES: Mapping[AxisKind, tuple[int, ...]] = {
     AxisKind.BATCH: (1,),
     AxisKind.CHANNELS: (3, 1, 4),
     AxisKind.IMAGE: (224, 320, 640, 128, 64, 32),
-    AxisKind.SEQUENCE: (128, 64, 32, 16, 8),
+    # A sequence or unnamed axis that takes none of the smaller sizes may need more: a VAD's
+    # audio chunk (silero: 192 to 640 samples) where nothing says it is audio.
+    AxisKind.SEQUENCE: (128, 64, 32, 16, 8, 256, 512),
     AxisKind.AUDIO: (16000, 512, 1024, 8000),
-    AxisKind.OTHER: (64, 32, 16, 8),
+    AxisKind.OTHER: (64, 32, 16, 8, 256, 512),
 }
 #: The kinds whose default size the second input sets double.
 GROWN_KINDS = frozenset({AxisKind.IMAGE, AxisKind.SEQUENCE, AxisKind.AUDIO, AxisKind.OTHER})
@@ -77,6 +79,10 @@ _NAMED_KINDS: tuple[tuple[re.Pattern[str], AxisKind], ...] = (
 )
 #: A rank-2 float input whose name says it holds a waveform.
 _AUDIO_INPUT = re.compile(r"audio|wav|pcm|signal|speech|waveform|input_values|samples", re.I)
+#: An integer input that gives a voice model its sample rate: its rank-2 float inputs are audio.
+_RATE_INPUT = re.compile(r"^(?:sr|sample_?rate|sampling_?rate)$", re.I)
+#: A recurrent state fed back by the caller (silero's `state` [2, batch, 128], `h`, `c`).
+_STATE_INPUT = re.compile(r"state|hidden|^[hc]n?$|^[hc]0$", re.I)
 _PAST_INPUT = re.compile(r"^(?:past_key_values|past)\.")
 
 #: RNN op -> (state input index, its batch axis, X's batch axis) for layout 0; layout 1 swaps.
@@ -223,6 +229,27 @@ def _rnn_partners(
                 fixed[groups.find((state, 2))] = (hidden, f"the {node.op_type}'s hidden_size")
 
 
+def _voice_inputs(inputs: list[onnx.ValueInfoProto], groups: _Groups, kinds: dict[object, AxisKind]) -> None:
+    """A voice model's inputs, whatever `If` or `Loop` branch reads them: where an integer input
+    gives the sample rate (`sr`), every rank-2 float input is a batch of waveforms (audio, not a
+    token sequence); a rank-3 float state whose first and last axes are fixed and whose middle
+    one is not (silero's `state` [2, batch, 128]) shares the waveforms' batch."""
+    def is_float(vi: onnx.ValueInfoProto) -> bool:
+        return vi.type.tensor_type.elem_type in FLOAT_TYPES | {TensorProto.DOUBLE}
+
+    waves = [vi for vi in inputs if is_float(vi) and len(vi.type.tensor_type.shape.dim) == 2]
+    if any(_RATE_INPUT.search(vi.name) and not is_float(vi) for vi in inputs):
+        for vi in waves:
+            kinds[(vi.name, 0)], kinds[(vi.name, 1)] = AxisKind.BATCH, AxisKind.AUDIO
+    for vi in inputs:
+        dims = vi.type.tensor_type.shape.dim
+        if is_float(vi) and len(dims) == 3 and _STATE_INPUT.search(vi.name) and _fixed(dims[0]) and _fixed(
+                dims[2]) and not _fixed(dims[1]):
+            kinds[(vi.name, 1)] = AxisKind.BATCH
+            if waves:
+                groups.union((vi.name, 1), (waves[0].name, 0))
+
+
 def _metadata_sizes(model: onnx.ModelProto) -> dict[AxisKind, tuple[list[int], str]]:
     """Kind -> the sizes ultralytics' metadata gives it (image sides in order) and the key."""
     meta = metadata(model)
@@ -285,6 +312,7 @@ class _Planner:
                     self.groups.union((vi.name, axis), ("dim", d.dim_param))
         self.kinds: dict[object, AxisKind] = {}  # an axis -> the kind an op that reads it says
         _rnn_partners(model, self.groups, self.fixed, self.kinds)
+        _voice_inputs(self.inputs, self.groups, self.kinds)
         for vi in self.inputs:  # what is fixed or given decides its group, before any default
             for axis, d in enumerate(vi.type.tensor_type.shape.dim):
                 root = self.groups.find((vi.name, axis))
@@ -310,11 +338,12 @@ class _Planner:
             return sides[which], sides[which], reason
         options = SIZES[kind]
         size = options[min(self.attempt, len(options) - 1)]
-        if kind is AxisKind.IMAGE:
-            size = _round_up(size, self.stride)
+        if kind is AxisKind.IMAGE and size >= self.stride:  # a smaller side is tried as it is: the
+            size = _round_up(size, self.stride)  # stride is an estimate (a text recognizer's 32 high)
         self.kinds_used.add(kind)
         grown = size * 2 if self.grow and kind in GROWN_KINDS else size
-        stride = f", a multiple of stride {self.stride}" if kind is AxisKind.IMAGE and self.stride > 1 else ""
+        rounded = kind is AxisKind.IMAGE and self.stride > 1 and size % self.stride == 0
+        stride = f", a multiple of stride {self.stride}" if rounded else ""
         return size, grown, f"default {kind.value} {size}{stride}"
 
 
