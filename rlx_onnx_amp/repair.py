@@ -321,9 +321,11 @@ class _Evaluator:
         self.evaluations += 1
         self.release()  # the previous candidate, its files included, first
         # Not proven here: onnxruntime loads (or emulates) it next, and the model written is
-        # staged and proven as any conversion is.
+        # staged and proven as any conversion is, its file run in a child process: where the
+        # candidate is emulated anyway, it is not loaded in this process only to be dropped
+        # (`ran`; an f16 LSTM crashes onnxruntime's CPU provider as it loads).
         candidate, conversion, path = self._write(keep)
-        self.judgement, self.candidate = self.verification.judge(candidate, path), candidate
+        self.judgement, self.candidate = self.verification.judge(candidate, path, ran=True), candidate
         return self.judgement.passed, self.judgement.score, conversion
 
     def _write(self, keep: Mapping[str, str]) -> tuple[onnx.ModelProto, Conversion, Path]:
@@ -559,7 +561,7 @@ def _repair(
         verified = confirming.verify(staged.path, label=str(dst), outputs=outputs)
         confirmed = None
         if held_out is not None:
-            choosing_passed = choosing.judge(load_model(staged.path), staged.path, label=str(dst)).passed
+            choosing_passed = choosing.judge(load_model(staged.path), staged.path, label=str(dst), ran=True).passed
             confirmed = HeldOut(held_out[0], held_out[1], choosing_passed)
     in_order = sorted(chosen.keep.items(), key=lambda kv: _path_key(kv[0]))
     kept = tuple(RepairKeep(path, *found.keepable[path], reason) for path, reason in in_order)

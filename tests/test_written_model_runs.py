@@ -96,6 +96,18 @@ def test_on_a_stand_in_provider_it_says_so_and_exits_4(crashing: Path, tmp_path:
     assert "SIGSEGV" in verify["written"]["error"]
 
 
+def test_a_search_ends_as_the_plain_command_where_its_candidates_crash_a_stand_in(crashing: Path, tmp_path: Path) -> None:
+    """`--policy auto` and `--repair` judge their candidates emulated on the CPU provider
+    without loading them there first (a sweep's f16 LSTM recognizers crashed it as they loaded:
+    exit 3, nothing written); the written file's crash in its child is exit 4, the file
+    written, as the plain command's."""
+    for flags in (("-p", "auto"), ("-p", "always-f16", "--repair")):
+        out = tmp_path / f"{flags[-1].lstrip('-')}.onnx"
+        result = rlx(crashing, *flags, "-o", out, "--provider", "cpu", "-q")
+        assert result.returncode == 4, (flags, result.stdout + result.stderr)
+        assert out.is_file() and "the written file crashes onnxruntime's CPU provider" in result.stdout
+
+
 def test_the_verify_command_exits_4_where_the_written_file_crashes_a_stand_in(crashing: Path, tmp_path: Path) -> None:
     out = tmp_path / "m.onnx"
     assert rlx(crashing, "-p", "always-f16", "-o", out, "--no-verify", "-q").returncode == 0

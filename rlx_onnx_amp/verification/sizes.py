@@ -36,6 +36,7 @@ import onnx
 from onnx import TensorProto
 
 from rlx_onnx_amp.precision import FLOAT_TYPES
+from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import structure_copy
 
 __all__ = ["SIZES", "AxisKind", "SizePlan", "index_extents", "model_stride", "plan_sizes"]
@@ -67,6 +68,10 @@ SIZES: Mapping[AxisKind, tuple[int, ...]] = {
 }
 #: The kinds whose default size the second input sets double.
 GROWN_KINDS = frozenset({AxisKind.IMAGE, AxisKind.SEQUENCE, AxisKind.AUDIO, AxisKind.OTHER})
+#: Past this many bytes of weights a model's inputs take one size: each run at the second
+#: (twice the tokens) costs more than the no-verify conversion itself (the 3.4 GB Llama-shaped
+#: model: docs/benchmarks.md, "Inputs at sizes a user sends").
+SECOND_SIZE_WEIGHT_LIMIT = 2**30
 
 #: An axis name -> its kind; the first pattern that matches wins.
 _NAMED_KINDS: tuple[tuple[re.Pattern[str], AxisKind], ...] = (
@@ -271,8 +276,10 @@ def plan_sizes(
 ) -> SizePlan:
     """The shape of every tensor input (module docstring); `given` are the shapes the user or
     the folder names (`InputSpec.shapes`), `attempt` which of `SIZES` the guessed axes take,
-    `grow` whether a second size is drawn."""
-    planner = _Planner(model, given, attempt, grow)
+    `grow` whether a second size is drawn (not past `SECOND_SIZE_WEIGHT_LIMIT` of weights)."""
+    weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
+    heavy = grow and weights > SECOND_SIZE_WEIGHT_LIMIT
+    planner = _Planner(model, given, attempt, grow and not heavy)
     shapes: dict[str, Shape] = {}
     grown: dict[str, Shape] = {}
     why: dict[str, str] = {}
@@ -295,6 +302,9 @@ def plan_sizes(
         if second != shape:
             grown[vi.name] = tuple(second)
     attempts = max((len(SIZES[k]) for k in planner.kinds_used), default=1)
+    if heavy:  # say why the verdict holds at one size only
+        for name in guessed:
+            why[name] += f", one size ({weights / 2**30:.1f} GiB of weights)"
     return SizePlan(shapes, why, grown, tuple(guessed), attempts)
 
 
