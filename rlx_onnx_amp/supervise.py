@@ -208,6 +208,13 @@ def _answer(
     except Exception as e:  # an answer that does not pickle is a bug too
         send.send(("bug", RuntimeError(f"the supervised child's answer cannot be sent back: {e}"), ""))
     send.close()
+    # The answer told, the child ends here, freeing nothing: an error's traceback holds the frames
+    # of its onnxruntime sessions, whose teardown in a forked child can wait forever on a thread
+    # pool (a pytest worker's child hung 27 minutes in it). What it leaves, the supervisor removes.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _log_to(out: io.StringIO, err: io.StringIO) -> None:

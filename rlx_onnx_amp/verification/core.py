@@ -273,7 +273,8 @@ class Verifier:
     def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:
         """The reference's time per inference here beside the written file's: what the
         conversion buys (or costs) on this provider."""
-        ref, runs = self.reference, self.options.latency_runs
+        ref = self.reference
+        runs = latency_runs(ref, self.options.latency_runs)
         notes = [cand_error] if cand_error else []
         ref_ms = None
         if runs:
@@ -299,6 +300,20 @@ class Verifier:
             own.commit()
 
 
+#: The timed runs of each model's latency take at most about this many seconds: a model whose
+#: inference takes longer is timed fewer times (at least once), the same number for both.
+LATENCY_BUDGET_S = 2.0
+
+
+def latency_runs(reference: Reference, asked: int) -> int:
+    """How many warm runs time each model: `--latency-runs`, fewer where the reference's run per
+    input set (`Reference.seconds_per_set`) says they would take past `LATENCY_BUDGET_S`."""
+    seconds = reference.seconds_per_set
+    if not asked or not seconds:
+        return asked
+    return max(1, min(asked, math.floor(LATENCY_BUDGET_S / seconds)))
+
+
 #: Up to this many bytes of candidate weights, the written file's run in its child process
 #: overlaps the emulated candidate's run in this one (two sessions held at once); above it, one
 #: session at a time (docs/verification.md, "What runs").
@@ -317,7 +332,8 @@ def _run_and_judge(
     so that they do not share the CPUs with it."""
     ref, options = verifier.reference, verifier.options
     sets = [typed_feeds(model, feeds) for feeds in ref.samples]
-    args = (time_written_model, _timed_run(ref, path, options.latency_runs, label), sets, ref.output_names)
+    args = (time_written_model, _timed_run(ref, path, latency_runs(ref, options.latency_runs), label), sets,
+            ref.output_names)
     overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
         tensor_nbytes(t) for t in model.graph.initializer
     ) <= OVERLAP_MAX_BYTES

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,9 @@ class Reference:
     value_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: The sizes synthesized inputs were drawn at, and why (None: the user's --inputs).
     sizes: SizePlan | None = None
+    #: Wall seconds of the reference's run per input set, its session's start included (an
+    #: overestimate of one inference): what the latency's timed runs are budgeted by.
+    seconds_per_set: float | None = None
     #: What made the input sets where --inputs gave samples (`samples.SampleSets.source`).
     inputs_from: str | None = None
 
@@ -155,14 +159,17 @@ def prepare_reference(
 
 
 def _run(reference: Reference, screen: bool, held_out: bool, progress: Progress | None) -> None:
-    """The reference's run on its input sets (screened with `screen`)."""
+    """The reference's run on its input sets (screened with `screen`), and its seconds per set."""
     total = len(reference.samples)
+    started = time.perf_counter()
     if screen:
         _screened_run(reference, progress, choosing_sets(total) if held_out else total)
-        return
-    session = Session(str(reference.path), reference.provider, str(reference.path), role="the input")
-    reference.providers_used = session.session.get_providers()
-    reference.runs = run_each(session, reference.samples, reference.output_names, progress, "running the reference")
+    else:
+        session = Session(str(reference.path), reference.provider, str(reference.path), role="the input")
+        reference.providers_used = session.session.get_providers()
+        reference.runs = run_each(session, reference.samples, reference.output_names, progress,
+                                  "running the reference")
+    reference.seconds_per_set = (time.perf_counter() - started) / max(total, 1)
 
 
 def _other_sizes(
