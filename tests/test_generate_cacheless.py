@@ -203,6 +203,9 @@ def test_a_folders_decoder_reads_its_encoders_states(tmp_path: Path) -> None:
     drawn = prepare_reference(_save(cross_decoder(), tmp_path / "lone" / "decoder_model.onnx"),
                               VerifyOptions(provider="cpu"))
     assert len(read.samples) == len(drawn.samples) == len(beside.samples) == 2  # the two sizes
+    assert read.sizes is not None and drawn.sizes is not None  # the report says where the states came from
+    assert read.sizes.why["encoder_hidden_states"].endswith(", the output of encoder_model.onnx on drawn token ids")
+    assert "encoder_model" not in drawn.sizes.why["encoder_hidden_states"]
     for with_encoder, found, alone in zip(read.samples, beside.samples, drawn.samples):
         mask = with_encoder["encoder_attention_mask"]
         assert _from_table(with_encoder["encoder_hidden_states"], table, mask)

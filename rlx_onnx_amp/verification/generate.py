@@ -48,6 +48,7 @@ from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, synthesized_
 from rlx_onnx_amp.verification.options import PROVIDERS, session_thread_count
 
 __all__ = [
+    "ENCODER_STATES",
     "Generator",
     "Steps",
     "decode",
@@ -237,7 +238,7 @@ def next_feeds(
 
 #: optimum's seq2seq encoder file, the output its decoders read, and the inputs they read it as.
 ENCODER_FILE, _ENCODER_OUTPUT = "encoder_model.onnx", "last_hidden_state"
-_STATES, _ENCODER_MASK = "encoder_hidden_states", "encoder_attention_mask"
+ENCODER_STATES, _ENCODER_MASK = "encoder_hidden_states", "encoder_attention_mask"
 
 
 def folder_encoder(root: Path, models: Sequence[Path]) -> Path | None:
@@ -247,7 +248,8 @@ def folder_encoder(root: Path, models: Sequence[Path]) -> Path | None:
     encoder = next((m for m in models if m.name == ENCODER_FILE), None)
     if encoder is None or not _is_encoder(root / encoder):
         return None
-    readers = [m for m in models if m != encoder and _STATES in {i.name for i in load_model(root / m).graph.input}]
+    readers = [m for m in models
+               if m != encoder and ENCODER_STATES in {i.name for i in load_model(root / m).graph.input}]
     return root / encoder if readers else None
 
 
@@ -256,7 +258,7 @@ def encoder_beside(decoder: onnx.ModelProto, folder: Path) -> Path | None:
     `encoder_model.onnx`, where the decoder takes `encoder_hidden_states`; None elsewhere."""
     encoder = folder / ENCODER_FILE
     takes = {i.name for i in decoder.graph.input}
-    return encoder if _STATES in takes and encoder.is_file() and _is_encoder(encoder) else None
+    return encoder if ENCODER_STATES in takes and encoder.is_file() and _is_encoder(encoder) else None
 
 
 def _is_encoder(path: Path) -> bool:
@@ -279,10 +281,10 @@ def with_encoder_states(
     session: OrtSession | None = None
     found = []
     for k, feeds in enumerate(sets):
-        if _STATES not in feeds:
+        if ENCODER_STATES not in feeds:
             found.append(feeds)
             continue
-        batch, length = np.shape(feeds[_STATES])[:2]
+        batch, length = np.shape(feeds[ENCODER_STATES])[:2]
         shapes: dict[str, tuple[int, ...]] = {n: (int(batch), int(length)) for n in ("input_ids", "attention_mask")
                                                if n in takes}
         drawn = synthesized_sets(model, dataclasses.replace(spec, shapes=shapes, samples=1,
@@ -296,7 +298,7 @@ def with_encoder_states(
             (states,) = session.run([_ENCODER_OUTPUT], {n: v for n, v in drawn.items() if n in takes})
         except AmpError as e:
             logger.warning("%s: the decoder's %s stay drawn: the encoder does not run on set %d (%s)", encoder,
-                           _STATES, k, e)
+                           ENCODER_STATES, k, e)
             return list(sets)
-        found.append({**feeds, _STATES: states.astype(np.asarray(feeds[_STATES]).dtype)})
+        found.append({**feeds, ENCODER_STATES: states.astype(np.asarray(feeds[ENCODER_STATES]).dtype)})
     return found

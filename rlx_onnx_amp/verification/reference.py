@@ -34,7 +34,7 @@ from rlx_onnx_amp.verification.compare import (
     resolve_provider,
     run_each,
 )
-from rlx_onnx_amp.verification.generate import encoder_beside, with_encoder_states
+from rlx_onnx_amp.verification.generate import ENCODER_STATES, encoder_beside, with_encoder_states
 from rlx_onnx_amp.verification.inputs import (
     UnsynthesizableInput,
     check_feeds,
@@ -276,5 +276,7 @@ def input_sets(
         encoder = encoder_beside(model, folder)
     if encoder is not None and not options.inputs:
         samples = with_encoder_states(samples, encoder, options.spec, resolve_provider(options.provider))
+        if plan is not None and ENCODER_STATES in plan.why:  # the report says where they came from
+            plan.why[ENCODER_STATES] += f", the output of {encoder.name} on drawn token ids"
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples
