@@ -240,11 +240,11 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
 
 
 def _wide_conv(path: Path) -> Path:
-    """x (1x1xT, T symbolic) -> Conv with a kernel of 100 -> y: wider than any size synthesis
-    tries for T (64, 32, 16, 8)."""
+    """x (1x1xT, T symbolic) -> Conv with a kernel of 600 -> y: wider than any size synthesis
+    tries for T (64, 32, 16, 8, 256, 512)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    weight = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (1, 1, 100)).astype(np.float32), "w")
+    weight = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (1, 1, 600)).astype(np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"])], "wide_conv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "T"])],
@@ -256,13 +256,14 @@ def _wide_conv(path: Path) -> Path:
 
 @pytest.mark.parametrize("command", ["verify", "repair"])
 def test_a_reference_that_cannot_run_on_guessed_axes_says_to_give_their_sizes(tmp_path: Path, command: str) -> None:
-    """The reference is fine; the synthesized input (T = 64, then 32, 16, 8) is shorter than its
+    """The reference is fine; the synthesized input (T = 64, then 32, 16, 8, 256, 512) is shorter than its
     kernel. That is an input error naming the guessed shapes and --shape, in one line (no
     onnxruntime log line), with nothing written; the sizes given, the same run passes."""
     src = _wide_conv(tmp_path / "conv.onnx")
     flags = ("--verify",) if command == "verify" else ("--repair", "--verify")  # --verify: the proof or an error
     args = (str(src), "--policy", "always-f16", "-o", str(tmp_path / "out.onnx"), *flags, "--provider", "cpu", "-q")
-    _bad(tmp_path, *args, expect=("axes were guessed", "(x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8)", "--shape"))
-    result = rlx(*args, "--shape", "x:1x1x128")
+    _bad(tmp_path, *args, expect=("axes were guessed", "(x 1x1x64; x also tried at 1x1x32, 1x1x16, 1x1x8, 1x1x256, 1x1x512)",
+                                      "--shape"))
+    result = rlx(*args, "--shape", "x:1x1x640")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.onnx").is_file()

@@ -172,11 +172,11 @@ def test_no_verify_measures_nothing_and_says_so(tmp_path: Path) -> None:
 
 
 def _wide_conv() -> onnx.ModelProto:
-    """A 1x1xT Conv of width 100: every length synthesis tries for a symbolic T (64 down to 8)
-    is too short to run."""
+    """A 1x1xT Conv of width 600: every length synthesis tries for a symbolic T (64 down to 8,
+    then 256, 512) is too short to run."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "T"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "U"])
-    w = numpy_helper.from_array(np.full((1, 1, 100), 0.1, np.float32), "w")
+    w = numpy_helper.from_array(np.full((1, 1, 600), 0.1, np.float32), "w")
     return helper.make_model(helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "wide", [x], [y], [w]),
                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
@@ -196,7 +196,7 @@ def test_a_reference_that_cannot_run_is_written_unverified_with_exit_4(tmp_path:
     strict = rlx(src, "-o", tmp_path / "strict.onnx", "--verify")
     assert strict.returncode == 2 and not (tmp_path / "strict.onnx").exists()
     # Sizes given: it runs, and passes.
-    assert rlx(src, "-o", tmp_path / "sized.onnx", "--shape", "x:1x1x128", "-q").returncode == 0
+    assert rlx(src, "-o", tmp_path / "sized.onnx", "--shape", "x:1x1x640", "-q").returncode == 0
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
