@@ -35,12 +35,12 @@ def test_light_models_exist() -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_light_model(path: Path, policy: str, tmp_path: Path) -> None:
     model = onnx.load(str(path))
-    converted, report = convert_and_report(model, policy)
+    converted, report = convert_and_report(model, policy, screen=False)  # the rewrite: overflow is shown below
     out = tmp_path / "out.onnx"
     onnx.save(converted, str(out))
     onnx.checker.check_model(str(out), full_check=True)
     assert cast_duplicates(converted) == []
-    assert convert(converted, policy).SerializeToString() == converted.SerializeToString()
+    assert convert(converted, policy, screen=False).SerializeToString() == converted.SerializeToString()
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if policy == "auto-mixed-bf16":
         if opset >= 13:
