@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 from onnx import ModelProto
 
-from rlx_onnx_amp.errors import InputError, first_line
+from rlx_onnx_amp.errors import AmpError, InputError, first_line
 from rlx_onnx_amp.files import OutputSet, RunPaths, check_data_name, check_writable, content_data_name
 from rlx_onnx_amp.kernels import Target
 from rlx_onnx_amp.loading import load_checked, load_model
@@ -278,6 +278,9 @@ def screened_options(
         reference = prepare_reference(model, VerifyOptions(target=options.target.value), screen=True)
     except ReferenceUnavailable as e:
         logger.warning("%s: not range-screened: %s", label or model, first_line(e.error))
+        return options
+    except AmpError as e:  # inputs the command cannot draw for it (a string input): not screened either
+        logger.warning("%s: not range-screened: %s", label or model, first_line(e))
         return options
     return reference.conversion_options(options)
 

@@ -54,6 +54,18 @@ def test_a_model_that_cannot_run_is_converted_unscreened_with_a_warning(
         out, conversion = amp.convert_and_report(model, "always-f16")
     assert conversion.changed and "not range-screened" in caplog.text
     assert out.graph.node[-1].op_type in {"Reshape", "Cast"}
+    # A string input the command draws no value for: the same, not an error.
+    tagged = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3] x, string[1] tag) => (float[2, 3] y, string[1] t) {
+            y = Relu (x)
+            t = Identity (tag)
+        }
+    """)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlx_onnx_amp"):
+        _, conversion = amp.convert_and_report(tagged, "always-f16")
+    assert conversion.changed and "g: not range-screened: synthesized inputs" in caplog.text
 
 
 def test_run_answers_what_the_command_answers(tmp_path: Path) -> None:

@@ -241,13 +241,13 @@ def test_pass_refuses_what_it_cannot_do(tmp_path: Path, options: dict[str, Any],
 
 
 def _unrunnable_reference() -> onnx.ModelProto:
-    """A Conv of width 100 on a symbolic length: every length synthesis tries (64 down to 8) is
+    """A Conv of width 600 on a symbolic length: every length synthesis tries (64 down to 8, 256, 512) is
     too short to run."""
     from onnx import TensorProto, helper, numpy_helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "T"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "U"])
-    w = numpy_helper.from_array(np.full((1, 1, 100), 0.1, np.float32), "w")
+    w = numpy_helper.from_array(np.full((1, 1, 600), 0.1, np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "wide", [x], [y], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
@@ -270,6 +270,6 @@ def test_pass_writes_an_unverifiable_model_as_the_plain_command_does(tmp_path: P
     with pytest.raises(RlxAmpError):
         run(_workflow(tmp_path, src, verify_required=True), package_config=package_config())
     assert not (tmp_path / "out" / "model.onnx").exists()
-    sized = run(_workflow(tmp_path, src, shapes={"x": [1, 1, 128]}), package_config=package_config())
+    sized = run(_workflow(tmp_path, src, shapes={"x": [1, 1, 640]}), package_config=package_config())
     assert sized.has_output_model()
     assert json.loads((tmp_path / "out" / "rlx_amp_report.json").read_text())["verify"]["passed"] is True

@@ -77,13 +77,13 @@ def test_converter_typing_as_it_goes_matches_onnx_inference(monkeypatch: pytest.
     monkeypatch.setattr(converter, "infer_types", counted_infer_types)
     fast = {}
     for name, model in models.items():
-        out, report = convert_and_report(model, "always-f16")
+        out, report = convert_and_report(model, "always-f16", screen=False)
         fast[name] = (out.SerializeToString(), report.to_json())
     fell_back = len(inferred)
     monkeypatch.setattr(converter, "declared_types", lambda graph, fields=None: None)
     differ = []
     for name, model in models.items():
-        out, report = convert_and_report(model, "always-f16")
+        out, report = convert_and_report(model, "always-f16", screen=False)
         slow = (out.SerializeToString(), report.to_json())
         if slow != fast[name]:
             differ.append(name)
