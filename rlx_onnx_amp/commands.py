@@ -301,6 +301,8 @@ def verify(
             click.echo(failed_verdict(result))
         elif result.written_unproven:  # and why it exits 4
             click.echo(written_line(result))
+        if result.passed and result.unmoved_why is not None:  # exit 4, said as every exit 4 is
+            click.echo(f"rlx-amp: {candidate}: not verified (exit 4): {result.unmoved_why}", err=True)
         if report_json:
             run_info = run_record(started, result.provider, target, command)
             outputs.write_text(report_json, report_text(report_document({"verify": result.to_json()}, run_info)))

@@ -300,6 +300,9 @@ class ConvertJob:
             else:
                 result = self._convert(src, dst, outputs, shown or dst, reporter)
         result = self._gated(result, reporter)
+        v = result.verify
+        if v is not None and v.passed and v.unmoved_why is not None:  # exit 4, said as every exit 4 is
+            reporter.unverified(f"{shown or dst}: written, not verified (exit {EXIT_UNVERIFIED}): {v.unmoved_why}")
         reporter.done(result.exit_code)
         return result
 

@@ -409,6 +409,15 @@ class Verification(Record):
         judged = self.task is not None and self.task.judged
         return bool(self.outputs) and len(self.constant_outputs) == len(self.outputs) and not judged
 
+    @property
+    def unmoved_why(self) -> str | None:
+        """Why a verification that `unmoved` is no verdict, in words; None for one that moved."""
+        if not self.unmoved:
+            return None
+        shown = ", ".join(f"{name} (every element {value:g})" for name, value in self.constant_outputs.items())
+        return (f"every output of the reference is constant on these inputs: {shown}; nothing that moves was "
+                "compared: give inputs that make it move (--inputs)")
+
 
 # -- the repair -------------------------------------------------------------------------------
 

@@ -364,12 +364,9 @@ def constant_note(v: Verification) -> str | None:
     constant = v.constant_outputs
     if not constant:
         return None
+    if v.unmoved_why is not None:
+        return f"{v.unmoved_why}; the model counts as unverified (exit 4)"
     shown = ", ".join(f"{name} (every element {value:g})" for name, value in constant.items())
-    if v.unmoved:
-        return (
-            f"every output of the reference is constant on these inputs: {shown}; nothing that moves was "
-            "compared, so the model counts as unverified (exit 4): give inputs that make it move (--inputs)"
-        )
     return (
         f"the reference's output is constant for {shown}: only max_abs <= atol was checked there; "
         "real inputs (--inputs) or trained weights test more"
