@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import io
 import logging
 import multiprocessing
@@ -65,6 +66,9 @@ def run_contained(
     # The fork waits for no stop signal (one inside the fork's own handlers is "Exception
     # ignored"); the child puts this process's handlers back, not the holding ones.
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    # Garbage that holds an onnxruntime session goes here, where its threads are: a child that
+    # collected a copy would wait forever on a condition variable whose waiters stayed behind.
+    gc.collect()
     child = context.Process(target=_child, args=(send, fn, args, outputs, scratch, warm, handlers), daemon=False)
     told = _Told()
     try:
@@ -170,6 +174,7 @@ def _child(
     unwinds it (its own `with` blocks remove their scratch) and ends it quietly: the supervisor,
     stopped too, says so."""
     try:
+        gc.freeze()  # what it inherited is never collected here (see run_contained's gc.collect)
         for number, handler in handlers.items():
             signal.signal(number, handler)
         _answer(send, fn, args, outputs, scratch, warm)
