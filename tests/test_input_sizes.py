@@ -270,3 +270,26 @@ def test_a_side_under_the_stride_estimate_is_tried_as_it_is() -> None:
     assert model_stride(model) == 64
     sides = [plan_sizes(model, {}, attempt=k).shapes["x"][2] for k in range(plan_sizes(model, {}).attempts)]
     assert sides == [256, 320, 640, 128, 64, 32]
+
+
+def test_a_model_past_a_gib_of_weights_takes_one_size() -> None:
+    """Past sizes.SECOND_SIZE_WEIGHT_LIMIT of weights (an initializer's dims say so; its data
+    is not read) the inputs take one size, and the reason says why: each run at twice the
+    tokens would cost more than the conversion (the 3.4 GB Llama-shaped model)."""
+    from rlx_onnx_amp.verification.sizes import SECOND_SIZE_WEIGHT_LIMIT
+
+    def ids_model(rows: int) -> onnx.ModelProto:
+        table = helper.make_tensor_value_info("table", F, [rows, 4])
+        graph = helper.make_graph([helper.make_node("Gather", ["table", "input_ids"], ["y"])], "m",
+                                  [helper.make_tensor_value_info("input_ids", I64, ["batch", "seq"]), table],
+                                  [helper.make_tensor_value_info("y", F, ["batch", "seq", 4])])
+        weights = onnx.TensorProto(name="table", data_type=F, dims=[rows, 4], data_location=onnx.TensorProto.EXTERNAL)
+        weights.external_data.add(key="location", value="absent.bin")
+        graph.initializer.append(weights)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    light = plan_sizes(ids_model(1000), {})
+    assert light.grown == {"input_ids": (1, 256)} and "one size" not in light.why["input_ids"]
+    heavy = plan_sizes(ids_model(SECOND_SIZE_WEIGHT_LIMIT // 16 + 1), {})
+    assert heavy.shapes == {"input_ids": (1, 128)} and heavy.grown == {}
+    assert heavy.why["input_ids"] == "default batch 1, default sequence 128, one size (1.0 GiB of weights)"
