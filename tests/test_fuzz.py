@@ -1,4 +1,4 @@
-"""Seeded mutation fuzzing of the CLI (tools/fuzz_mutants.py): a few hundred mutants of the
+"""Seeded mutation fuzzing of the CLI (tools/fuzz_mutants.py): two hundred mutants of the
 fixture models, in two driver processes. No limit on the run's wall time (a loaded machine takes
 longer): a hang is a mutant that runs past MUTANT_LIMIT_S (the driver dumps its stacks and exits
 1) or a driver that starts no new mutant for STALL_S (the test kills it).
@@ -28,7 +28,7 @@ from tools.fuzz_mutants import check_record, describe_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("RLX_FUZZ_SEED", "20261130"))
-PER_DRIVER = int(os.environ.get("RLX_FUZZ_COUNT", "200"))
+PER_DRIVER = int(os.environ.get("RLX_FUZZ_COUNT", "100"))
 DRIVERS = 2
 #: Hang guards, not budgets: one mutant takes well under a second.
 MUTANT_LIMIT_S = 600.0  # the driver's own per-mutant limit (faulthandler: every stack, then exit 1)
@@ -70,7 +70,7 @@ def _wait_for_drivers(procs: list[tuple[subprocess.Popen[bytes], Path, Path]]) -
     return crashed
 
 
-@pytest.mark.slow  # 400 mutants: CI runs it; `make test-fast` leaves it out
+@pytest.mark.slow  # 200 mutants: CI runs it; `make test-fast` leaves it out
 def test_fuzz_mutants(tmp_path: Path) -> None:
     procs = []
     started = time.monotonic()
