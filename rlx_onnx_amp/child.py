@@ -7,10 +7,12 @@ signal here ends the wait (its exception unwinds as usual) and the child is kill
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from typing import Any, Generic, TypeVar
@@ -75,7 +77,7 @@ def warm_up(in_child: bool = False) -> None:
     if _context().get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
-        with signals_deferred():
+        with signals_deferred(), _main_not_imported():
             forkserver.ensure_running()
 
 
@@ -83,6 +85,24 @@ def child_event() -> Event:
     """An event a child started by `start_in_child` can wait on (`Event.wait`) and this process
     set: how a child is held back from work that must not share the CPUs with this process's."""
     return _context().Event()
+
+
+@contextlib.contextmanager
+def _main_not_imported() -> Iterator[None]:
+    """The child (and the fork server) import no `__main__` script: what they run lives in this
+    package, and a caller's script without an `if __name__ == "__main__"` guard (the library's
+    `rlx_onnx_amp.run` in a plain script) would run again in them and end them (exit code 1).
+    multiprocessing reads the script's path from `__main__.__file__`, hidden while they start."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 class Pending(Generic[T]):
@@ -94,7 +114,7 @@ class Pending(Generic[T]):
         self._receive, send = context.Pipe(duplex=False)
         # Starting the first child imports multiprocessing's fork server modules: a stop signal inside
         # an import lock's callback would be "Exception ignored" and printed, so it waits for the start.
-        with signals_deferred():
+        with signals_deferred(), _main_not_imported():
             self._child = context.Process(target=_child, args=(send, fn, args), daemon=True)  # type: ignore[attr-defined]
             self._child.start()
         send.close()  # the child holds the only writer: its death is the pipe's end

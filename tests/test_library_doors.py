@@ -90,3 +90,23 @@ def test_run_writes_a_failed_verdict_as_the_command_does(tmp_path: Path) -> None
     healthy = tmp_path / "block.onnx"
     onnx.save(HEALTHY["transformer_block"]().model, str(healthy))
     assert amp.run(healthy, tmp_path / "block16.onnx", "auto-mixed", min_low_share=0.5).exit_code == 5
+
+
+def test_run_from_a_script_without_a_main_guard(tmp_path: Path) -> None:
+    """The written file runs in a child process, which imports no __main__ script: a plain
+    script calling `run` (no `if __name__ == "__main__"`) ran again in it, and the child died
+    with exit code 1 (the verdict then exit 4)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "convert.py"
+    script.write_text(
+        "import rlx_onnx_amp as amp\n"
+        "from rlx_onnx_amp.verification import VerifyOptions\n"
+        "amp.write_demo('model.onnx')\n"
+        "r = amp.run('model.onnx', 'model16.onnx', 'always-f16', verify_options=VerifyOptions(provider='cpu'))\n"
+        "print('exit', r.exit_code, 'written ran', r.verify.written.ran)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "exit 0 written ran True", done.stdout + done.stderr
