@@ -26,7 +26,7 @@ from rlx_onnx_amp.inspect import inspect_model
 from rlx_onnx_amp.pipeline import ConvertJob, JobSettings, unexpected_failure
 from rlx_onnx_amp.policy import AUTO, POLICY_NAMES, Policy, load_kind_map_file, parse_kind_map, policy_from_name
 from rlx_onnx_amp.precision import Precision
-from rlx_onnx_amp.progress import StagedProgress, StageLines, TerminalReporters, status
+from rlx_onnx_amp.progress import StagedProgress, StageLines, TerminalReporters, status, warn
 from rlx_onnx_amp.reports.inspect_text import compare_policies_table, inspect_table
 from rlx_onnx_amp.reports.merge import merge_reports, merged_markdown
 from rlx_onnx_amp.reports.record import ModelResult, Verification, report_document, report_text, run_record
@@ -302,7 +302,7 @@ def verify(
         elif result.written_unproven:  # and why it exits 4
             click.echo(written_line(result))
         if result.passed and result.unmoved_why is not None:  # exit 4, said as every exit 4 is
-            click.echo(f"rlx-amp: {candidate}: not verified (exit 4): {result.unmoved_why}", err=True)
+            warn(f"{candidate}: not verified (exit 4): {result.unmoved_why}")
         if report_json:
             run_info = run_record(started, result.provider, target, command)
             outputs.write_text(report_json, report_text(report_document({"verify": result.to_json()}, run_info)))

@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from rlx_onnx_amp.reports.record import TaskResult
+from rlx_onnx_amp.verification.sizes import metadata
 from rlx_onnx_amp.verification.tolerance import Tolerance
 
 __all__ = [
@@ -104,10 +105,10 @@ def metadata_task(model: onnx.ModelProto) -> tuple[str, str] | None:
     `directory.config_task`): ultralytics writes `task` into `metadata_props`; only `detect` is
     read (its `segment` and `pose` heads carry mask and keypoint columns the decoders here do
     not read)."""
-    props = {p.key: p.value for p in model.metadata_props}
+    props = metadata(model)
     if props.get("task") == DETECT:
         return DETECT, f"metadata_props task={DETECT}" + (" (ultralytics)" if "ultralytics" in
-                                                           props.get("author", "").lower() else "")
+                                                           str(props.get("author", "")).lower() else "")
     return None
 
 

@@ -272,7 +272,7 @@ def input_sets(
     # A seq2seq decoder: its encoder's states, the export folder's (`options.encoder`) or the
     # encoder file beside it (the decoder given alone, or with its encoder).
     encoder = Path(options.encoder) if options.encoder is not None else None
-    if encoder is None and folder is not None:
+    if encoder is None and folder is not None and not options.inputs:  # --inputs gives the states
         encoder = encoder_beside(model, folder)
     if encoder is not None and not options.inputs:
         samples = with_encoder_states(samples, encoder, options.spec, resolve_provider(options.provider))
