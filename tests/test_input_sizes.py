@@ -293,3 +293,67 @@ def test_a_model_past_a_gib_of_weights_takes_one_size() -> None:
     heavy = plan_sizes(ids_model(SECOND_SIZE_WEIGHT_LIMIT // 16 + 1), {})
     assert heavy.shapes == {"input_ids": (1, 128)} and heavy.grown == {}
     assert heavy.why["input_ids"] == "default batch 1, default sequence 128, one size (1.0 GiB of weights)"
+
+
+def position_table_step() -> onnx.ModelProto:
+    """A decoder step whose positions P .. P+S-1 (P past, S new tokens) index a 64-row position
+    table, as a learned-position decoder's (Whisper's, GPT-2's) do: it runs only while P + S <= 64."""
+    scalar = {n: numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("two", 2), ("one", 1))}
+    nodes = [
+        helper.make_node("Shape", ["past_key_values.0.key"], ["past_shape"]),
+        helper.make_node("Gather", ["past_shape", "two"], ["past"]),
+        helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+        helper.make_node("Gather", ["ids_shape", "one"], ["new"]),
+        helper.make_node("Add", ["past", "new"], ["end"]),
+        helper.make_node("Range", ["past", "end", "one"], ["positions"]),
+        helper.make_node("Gather", ["position_table", "positions"], ["pe"]),
+        helper.make_node("Gather", ["embedding", "input_ids"], ["te"]),
+        helper.make_node("Add", ["te", "pe"], ["h"]),
+        helper.make_node("Unsqueeze", ["h", "axis1"], ["hu"]),
+        helper.make_node("Concat", ["past_key_values.0.key", "hu"], ["present.0.key"], axis=2),
+        helper.make_node("MatMul", ["h", "head"], ["logits"]),
+    ]
+    inputs = [helper.make_tensor_value_info("input_ids", I64, ["batch", "sequence_length"]),
+              helper.make_tensor_value_info("past_key_values.0.key", F, ["batch", 1, "past_sequence_length", 4])]
+    outputs = [helper.make_tensor_value_info("logits", F, ["batch", "sequence_length", 100]),
+               helper.make_tensor_value_info("present.0.key", F, ["batch", 1, "total_sequence_length", 4])]
+    inits = [*scalar.values(), _w("position_table", 64, 4), _w("embedding", 100, 4), _w("head", 4, 100),
+             numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    return _model(nodes, inputs, outputs, inits)
+
+
+def test_a_folders_position_count_bounds_the_guessed_sequence(tmp_path: Path) -> None:
+    """The folder's config.json holds 64 positions: the new tokens and the past take 14 each, 28
+    at the second size (56 in all, and 8 greedy steps), the task is generate, and the report says
+    where the bound came from. Without the config, 128 and 64 fail, 32 runs at one size only (its
+    second, 64 + 64, does not), and the greedy loop, past the table, cannot go on: classify."""
+    folder = tmp_path / "with-config"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    code, report, text = _convert(folder, position_table_step(), "-p", "always-f16")
+    assert code == 0, text
+    verify = report["verify"]
+    assert verify["inputs"] == {"input_ids": [1, 14], "past_key_values.0.key": [1, 1, 14, 4]}
+    assert verify["inputs_second"] == {"input_ids": [1, 28], "past_key_values.0.key": [1, 1, 28, 4]}
+    assert "default sequence 14 (within config.json max_position_embeddings 64)" in text
+    assert verify["task"]["task"] == "generate" and verify["task"]["passed"], verify["task"]
+    code, report, text = _convert(tmp_path, position_table_step(), "-p", "always-f16")
+    assert code == 0, text
+    verify = report["verify"]
+    assert verify["inputs"]["input_ids"] == [1, 32] and "inputs_second" not in verify
+    assert verify["task"]["task"] == "classify" and "cannot run" in verify["task"]["chosen_by"], verify["task"]
+
+
+def test_folder_positions_reads_the_decoders_own_key_beside_or_above_the_model(tmp_path: Path) -> None:
+    """Whisper's config holds the decoder's 448 target positions beside the encoder's 1500 source
+    ones: the decoder takes the first; a hub repository's onnx/ folder reads its parent's config;
+    a model without token ids takes no bound; an unreadable config is no bound either."""
+    from rlx_onnx_amp.verification.samples import folder_positions
+
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"max_source_positions": 1500, "max_target_positions": 448,
+                                                      "max_position_embeddings": 1024}))
+    assert folder_positions(position_table_step(), tmp_path / "onnx") == (448, "config.json max_target_positions 448")
+    assert folder_positions(lstm_batch_first(), tmp_path) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert folder_positions(position_table_step(), tmp_path) is None

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from rlx_onnx_amp.errors import AmpError
+from rlx_onnx_amp.errors import AmpError, ModelRunError
 from rlx_onnx_amp.loading import load_model
 from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, synthesized_sets
 from rlx_onnx_amp.verification.options import PROVIDERS, session_thread_count
@@ -174,6 +174,15 @@ def last_scores(logits: np.ndarray) -> np.ndarray:
     return np.nan_to_num(rows.reshape(rows.shape[0], -1), nan=-np.inf)
 
 
+def _step_scores(logits: np.ndarray, step: int) -> np.ndarray:
+    """`last_scores` of one step; a step that gives no position (onnxruntime turns a position
+    table's Gather past its end into an empty Slice) cannot go on: a `ModelRunError`."""
+    if np.size(logits) == 0:
+        raise ModelRunError(f"step {step} gave logits of shape {np.shape(logits)}: no position to pick a token "
+                            "from (past the model's position table?)")
+    return last_scores(logits)
+
+
 def decode(
     gen: Generator,
     run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
@@ -186,13 +195,13 @@ def decode(
     fed the token picked (or, teacher-forced, `forced[t]`, the reference's token at step t).
     `run` runs the model on one feed and returns its outputs (the logits and the cache)."""
     outputs = first
-    scores = last_scores(outputs[gen.logits])
+    scores = _step_scores(outputs[gen.logits], 0)
     found = Steps([scores], [np.argmax(scores, axis=1)])
     for t in range(1, steps):
         token = forced[t - 1] if forced is not None else found.tokens[-1]
         feeds = next_feeds(gen, feeds, outputs, token)
         outputs = run(feeds)
-        scores = last_scores(outputs[gen.logits])
+        scores = _step_scores(outputs[gen.logits], t)
         found.logits.append(scores)
         found.tokens.append(np.argmax(scores, axis=1))
     return found

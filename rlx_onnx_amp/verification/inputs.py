@@ -98,6 +98,10 @@ class InputSpec:
     samples: int = 1
     #: How image, audio and text samples given as --inputs are made into inputs (`samples`).
     preprocess: Preprocess = field(default_factory=Preprocess)
+    #: The most token positions a synthesized prompt may take, and where the model's count is
+    #: written (its folder's config.json, `samples.folder_positions`, less the generate task's
+    #: steps): guessed sequences, their past and second size stay within it.
+    positions: tuple[int, str] | None = None
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -217,7 +221,7 @@ def synthesized_inputs_error(
     axes were guessed, the guess is the likely cause (an audio Conv wider than the chunk), and
     the user can give real sizes, so it is an input error (exit 2) that says how, with the sizes
     `tried`; otherwise the model itself cannot run, and the error stands."""
-    plans = list(tried) or [plan_sizes(model, spec.shapes)]
+    plans = list(tried) or [plan_sizes(model, spec.shapes, positions=spec.positions)]
     guessed = plans[0].guessed
     if not guessed:
         return error
@@ -247,7 +251,7 @@ def synthesized_sets(
     with other values. At least two sets per size when an If's condition is a graph input, which
     then is False in the first set and True in the second (and alternates), so each branch runs.
     A decoder step with a key/value cache gets coherent inputs (`_cache_step`)."""
-    plan = plan or plan_sizes(model, spec.shapes)
+    plan = plan or plan_sizes(model, spec.shapes, positions=spec.positions)
     conditions = [c for c in branch_conditions(model) if c not in spec.ranges]
     count = max(spec.samples, 2 if conditions else 1)
     sizes = [plan.shapes] + ([{**plan.shapes, **plan.grown}] if plan.grown else [])
@@ -341,7 +345,7 @@ def synthesize(
                 f"{option}: the model has no input named {', '.join(map(repr, unknown))} "
                 f"(inputs: {', '.join(sorted(names))})"
             )
-    shapes = shapes if shapes is not None else plan_sizes(model, spec.shapes).shapes
+    shapes = shapes if shapes is not None else plan_sizes(model, spec.shapes, positions=spec.positions).shapes
     vocab = _vocab_sizes(model)
     bounds = index_extents(model, shapes)
     compared = _compared_constants(model)
@@ -482,7 +486,7 @@ def _filler(model: onnx.ModelProto, spec: InputSpec) -> Callable[[Mapping[str, S
 
     def fill(given: Mapping[str, Shape], k: int) -> dict[str, np.ndarray]:
         sized = dataclasses.replace(spec, shapes={**spec.shapes, **given}, seed=spec.seed + k, samples=1)
-        return synthesized_sets(model, sized, plan_sizes(model, sized.shapes, grow=False))[0]
+        return synthesized_sets(model, sized, plan_sizes(model, sized.shapes, grow=False, positions=spec.positions))[0]
 
     return fill
 

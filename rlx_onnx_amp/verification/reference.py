@@ -42,7 +42,7 @@ from rlx_onnx_amp.verification.inputs import (
     synthesized_inputs_error,
     synthesized_sets,
 )
-from rlx_onnx_amp.verification.samples import SampleSets
+from rlx_onnx_amp.verification.samples import SampleSets, folder_positions
 from rlx_onnx_amp.verification.screen import ScreenPlan
 from rlx_onnx_amp.verification.sizes import SizePlan, plan_sizes
 
@@ -128,7 +128,12 @@ def prepare_reference(
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
     options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
-    plan = None if options.inputs else plan_sizes(model, options.spec.shapes)
+    if not options.inputs and options.spec.positions is None:  # its folder's config.json says how long
+        written = folder_positions(model, ref_path.parent)
+        # the generate task's greedy steps go on past the prompt: they need positions too
+        positions = (written[0] - options.generate_steps, written[1]) if written is not None else None
+        options = dataclasses.replace(options, spec=dataclasses.replace(options.spec, positions=positions))
+    plan = None if options.inputs else plan_sizes(model, options.spec.shapes, positions=options.spec.positions)
     try:
         samples = input_sets(model, options, plan, ref_path.parent)
     except UnsynthesizableInput as e:  # no run without a value the user has to give
@@ -177,8 +182,8 @@ def _other_sizes(
 ) -> tuple[SizePlan | None, list[SizePlan]]:
     """The first sizes the reference runs at, after `first` failed: `first` without its second
     size, then each attempt of `plan_sizes` (its second size dropped where only that fails),
-    each try one run of one input set on one session. None where no size runs; and every plan
-    tried, `first` first."""
+    each try one run of one input set per branch of a merged decoder, on one session. None
+    where no size runs; and every plan tried, `first` first."""
     tried = [first]
     model, spec = reference.model, options.spec
     try:
@@ -188,17 +193,18 @@ def _other_sizes(
 
     def runs(plan: SizePlan, grown: bool) -> bool:
         shapes = {**plan.shapes, **plan.grown} if grown else plan.shapes
-        # the first set as synthesized_sets draws it (a decoder step's mask over past and new tokens)
-        feeds = synthesized_sets(model, dataclasses.replace(spec, samples=1), SizePlan(shapes, plan.why))[0]
+        # the first sets as synthesized_sets draws them (a decoder step's mask over past and new
+        # tokens), one per branch of a merged decoder: its cached one reads further positions
         try:
-            session.run(feeds, reference.output_names[:1])
+            for feeds in synthesized_sets(model, dataclasses.replace(spec, samples=1), SizePlan(shapes, plan.why)):
+                session.run(feeds, reference.output_names[:1])
         except ModelRunError as e:
             logger.info("the reference cannot run at %s: %s", plan.shown(shapes), e)
             return False
         return True
 
     for attempt in range(first.attempts):
-        plan = first if attempt == 0 else plan_sizes(model, spec.shapes, attempt)
+        plan = first if attempt == 0 else plan_sizes(model, spec.shapes, attempt, positions=spec.positions)
         if attempt:
             tried.append(plan)
             if not runs(plan, False):
@@ -207,7 +213,7 @@ def _other_sizes(
             continue  # the first size itself fails (or there is no second one to blame)
         if plan.grown and runs(plan, True):
             return plan, tried
-        return plan_sizes(model, spec.shapes, attempt, grow=False), tried
+        return plan_sizes(model, spec.shapes, attempt, grow=False, positions=spec.positions), tried
     return None, tried
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "Preprocess",
     "SampleKind",
     "SampleSets",
+    "folder_positions",
     "is_samples",
     "log_mel",
     "parse_preprocess",
@@ -180,6 +181,32 @@ def _json(path: Path | None) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: not a readable JSON file ({first_line(e)})") from None
     return data if isinstance(data, dict) else {}
+
+
+#: config.json keys that bound a text model's token positions, the decoder's own first (Whisper
+#: and BART write `max_target_positions` beside the encoder's `max_source_positions`).
+POSITION_KEYS = ("max_target_positions", "max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
+#: The inputs that say a model reads token positions (an audio encoder's frames have other limits).
+_TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
+
+
+def folder_positions(model: onnx.ModelProto, folder: Path | None) -> tuple[int, str] | None:
+    """The most token positions a model that reads `input_ids` may take, from its folder's
+    config.json (`POSITION_KEYS`), and where that is written; None where nothing says. A tiny
+    export's 64 positions, and Whisper's 448, are fewer than a guessed sequence and its past."""
+    if not any(vi.name in _TOKEN_INPUTS for vi in _inputs(model)):
+        return None
+    path = _folder_file(folder, "config.json")
+    try:
+        config = _json(path)
+    except InputError as e:  # a size hint only: without it the sequence takes its default
+        logger.info("%s", e)
+        return None
+    for key in POSITION_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, f"config.json {key} {value}"
+    return None
 
 
 def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

@@ -9,7 +9,9 @@ the first of these that says a size:
 3. by the model's `metadata_props` (ultralytics: `imgsz`, `batch`, `channels`);
 4. by its kind (`AxisKind`: from the axis name, else from the input's rank, type and the axis'
    place), whose first size in `SIZES` is the default: batch 1, 3 channels, an image side 224,
-   a sequence of 128 tokens, one second of 16 kHz audio, 64 for any other axis. An image side is
+   a sequence of 128 tokens (fewer where the folder's config.json holds fewer positions:
+   a sequence, its past and their second size stay within `max_position_embeddings` or its
+   kin, `samples.folder_positions`), one second of 16 kHz audio, 64 for any other axis. An image side is
    rounded up to a multiple of the model's stride (metadata `stride`, else the product of the
    Conv/Pool strides along its deepest path), which a detector's Concat of upsampled maps needs.
 
@@ -272,14 +274,20 @@ def _metadata_sizes(model: onnx.ModelProto) -> dict[AxisKind, tuple[list[int], s
 
 
 def plan_sizes(
-    model: onnx.ModelProto, given: Mapping[str, Shape], attempt: int = 0, grow: bool = True
+    model: onnx.ModelProto,
+    given: Mapping[str, Shape],
+    attempt: int = 0,
+    grow: bool = True,
+    positions: tuple[int, str] | None = None,
 ) -> SizePlan:
     """The shape of every tensor input (module docstring); `given` are the shapes the user or
     the folder names (`InputSpec.shapes`), `attempt` which of `SIZES` the guessed axes take,
-    `grow` whether a second size is drawn (not past `SECOND_SIZE_WEIGHT_LIMIT` of weights)."""
+    `grow` whether a second size is drawn (not past `SECOND_SIZE_WEIGHT_LIMIT` of weights),
+    `positions` the most token positions the model holds and where that is written
+    (`InputSpec.positions`): a guessed sequence, with its past and at its second size, stays within."""
     weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
     heavy = grow and weights > SECOND_SIZE_WEIGHT_LIMIT
-    planner = _Planner(model, given, attempt, grow and not heavy)
+    planner = _Planner(model, given, attempt, grow and not heavy, positions)
     shapes: dict[str, Shape] = {}
     grown: dict[str, Shape] = {}
     why: dict[str, str] = {}
@@ -311,9 +319,24 @@ def plan_sizes(
 class _Planner:
     """The axis groups of a model's inputs and what sizes them (`plan_sizes`)."""
 
-    def __init__(self, model: onnx.ModelProto, given: Mapping[str, Shape], attempt: int, grow: bool) -> None:
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        given: Mapping[str, Shape],
+        attempt: int,
+        grow: bool,
+        positions: tuple[int, str] | None,
+    ) -> None:
         self.inputs = _inputs(model)
         self.attempt, self.grow = attempt, grow
+        self.sequences = SIZES[AxisKind.SEQUENCE]
+        self.positions_why = ""
+        if positions is not None:  # new tokens and past ones, each doubled at the second size
+            limit, where = positions
+            share = limit // ((2 if grow else 1) * (2 if any(_PAST_INPUT.match(vi.name) for vi in self.inputs) else 1))
+            # the most that fits first, then the smaller sizes as they are
+            self.sequences = tuple(sorted({min(s, max(share, 1)) for s in self.sequences}, reverse=True))
+            self.positions_why = f" (within {where})"
         self.groups = _Groups()
         self.fixed: dict[object, tuple[int, str]] = {}  # group root -> size and why
         for vi in self.inputs:
@@ -346,7 +369,7 @@ class _Planner:
             sides, reason = self.from_meta[kind]
             which = self._sides.setdefault(root, min(len(self._sides), len(sides) - 1))
             return sides[which], sides[which], reason
-        options = SIZES[kind]
+        options = self.sequences if kind is AxisKind.SEQUENCE else SIZES[kind]
         size = options[min(self.attempt, len(options) - 1)]
         if kind is AxisKind.IMAGE and size >= self.stride:  # a smaller side is tried as it is: the
             size = _round_up(size, self.stride)  # stride is an estimate (a text recognizer's 32 high)
@@ -354,7 +377,8 @@ class _Planner:
         grown = size * 2 if self.grow and kind in GROWN_KINDS else size
         rounded = kind is AxisKind.IMAGE and self.stride > 1 and size % self.stride == 0
         stride = f", a multiple of stride {self.stride}" if rounded else ""
-        return size, grown, f"default {kind.value} {size}{stride}"
+        within = self.positions_why if kind is AxisKind.SEQUENCE else ""
+        return size, grown, f"default {kind.value} {size}{stride}{within}"
 
 
 def _group_kind(
