@@ -204,7 +204,7 @@ def test_a_folders_decoder_reads_its_encoders_states(tmp_path: Path) -> None:
                               VerifyOptions(provider="cpu"))
     assert len(read.samples) == len(drawn.samples) == len(beside.samples) == 2  # the two sizes
     assert read.sizes is not None and drawn.sizes is not None  # the report says where the states came from
-    assert read.sizes.why["encoder_hidden_states"].endswith(", the output of encoder_model.onnx on drawn token ids")
+    assert read.sizes.why["encoder_hidden_states"].endswith(", the output of encoder_model.onnx on drawn inputs")
     assert "encoder_model" not in drawn.sizes.why["encoder_hidden_states"]
     for with_encoder, found, alone in zip(read.samples, beside.samples, drawn.samples):
         mask = with_encoder["encoder_attention_mask"]
@@ -253,3 +253,44 @@ def test_optimums_t5_decoder_without_past_generates(tmp_path: Path) -> None:
     tasks = {Path(m["output"]).name: (m["verify"]["task"]["task"], m["verify"]["task"]["passed"])
              for m in json.loads((tmp_path / "folder.json").read_text())["models"]}
     assert tasks == {"encoder_model.onnx": ("embed", True), "decoder_model.onnx": ("generate", True)}
+
+
+def test_a_speech_folders_decoder_starts_from_a_wav_through_its_encoder(tmp_path: Path) -> None:
+    """A Whisper-style folder given `--inputs speech.wav`: the encoder takes the wav's log-mel;
+    the decoder, which takes no audio, gets the encoder's output on it as its encoder states and
+    the folder's start token as its first step, and its generate verdict goes on from there."""
+    import wave
+
+    from fixtures.decoders import spectrogram_encoder
+    from rlx_onnx_amp.verification.samples import log_mel
+
+    folder = tmp_path / "whisper-like"
+    encoder = _save(spectrogram_encoder(), folder / "encoder_model.onnx")
+    decoder = _save(cross_decoder(), folder / "decoder_model.onnx")
+    extractor = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 8, "chunk_length": 1,
+                 "n_samples": 16000, "hop_length": 160, "n_fft": 400, "sampling_rate": 16000}
+    (folder / "preprocessor_config.json").write_text(json.dumps(extractor))
+    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 3}))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["WhisperForConditionalGeneration"]}))
+    wav = tmp_path / "speech.wav"
+    t = np.arange(12000) / 16000
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((np.sin(2 * np.pi * 440 * t) * np.exp(-3 * t) * 12000).astype(np.int16).tobytes())
+    read = prepare_reference(decoder, VerifyOptions(provider="cpu", inputs=str(wav), encoder=str(encoder)))
+    assert len(read.samples) == 1 and read.samples[0]["input_ids"].tolist() == [[3]]
+    assert read.inputs_from is not None and read.inputs_from.endswith(
+        "through encoder_model.onnx; input_ids the start token 3 (generation_config.json decoder_start_token_id)")
+    with wave.open(str(wav)) as w:
+        samples = np.frombuffer(w.readframes(12000), np.int16).astype(np.float32) / 32768
+    states = ort.InferenceSession(str(encoder), providers=["CPUExecutionProvider"]).run(
+        None, {"input_features": log_mel(samples, extractor)[None]})[0]
+    np.testing.assert_allclose(read.samples[0]["encoder_hidden_states"], states, rtol=1e-5, atol=1e-5)
+    assert read.samples[0]["encoder_attention_mask"].shape == (1, 100) and read.samples[0]["encoder_attention_mask"].all()
+    result = rlx(folder, "-p", "always-f16", "-o", tmp_path / "out", "--provider", "cpu", "-q", "--inputs", wav,
+                 "--report-json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdicts = {Path(m["output"]).name: m["verify"] for m in json.loads((tmp_path / "r.json").read_text())["models"]}
+    assert verdicts["decoder_model.onnx"]["task"]["task"] == "generate" and verdicts["decoder_model.onnx"]["task"]["passed"]
+    assert "through encoder_model.onnx" in verdicts["decoder_model.onnx"]["inputs_from"]
+    assert verdicts["encoder_model.onnx"]["inputs_from"].startswith("samples: 1 wav (16000 Hz, Whisper log-mel")

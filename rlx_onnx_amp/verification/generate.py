@@ -25,9 +25,12 @@ one position longer, the positions counted from it, a `use_cache_branch` set to 
 branch.
 
 In a seq2seq export folder (optimum's `encoder_model.onnx` beside its decoders), a decoder's
-`encoder_hidden_states` are the f32 encoder's output on drawn token ids (`folder_encoder`,
-`with_encoder_states`), not noise: the states a decoder meets in use, whose attention a
-converted decoder must still read right.
+`encoder_hidden_states` are the f32 encoder's output on drawn token ids or spectrogram
+(`folder_encoder`, `with_encoder_states`), not noise: the states a decoder meets in use, whose
+attention a converted decoder must still read right. Given samples (`--inputs speech.wav` for a
+Whisper folder, `prompts.txt` for a T5 one), the decoder starts from them: each sample through
+the folder's preprocessing and the encoder, the decoder's first step its start token
+(`samples_through_encoder`), and the generate task's greedy steps from there.
 """
 
 from __future__ import annotations
@@ -38,14 +41,19 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from rlx_onnx_amp.errors import AmpError, ModelRunError
 from rlx_onnx_amp.loading import load_model
-from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, synthesized_sets
+from rlx_onnx_amp.verification.inputs import PAST_INPUT, InputSpec, sample_filler, synthesized_sets
 from rlx_onnx_amp.verification.options import PROVIDERS, session_thread_count
+from rlx_onnx_amp.verification.samples import SampleSets, folder_json, read_samples
+
+if TYPE_CHECKING:
+    from rlx_onnx_amp.sessions import OrtSession
 
 __all__ = [
     "ENCODER_STATES",
@@ -270,10 +278,68 @@ def encoder_beside(decoder: onnx.ModelProto, folder: Path) -> Path | None:
     return encoder if ENCODER_STATES in takes and encoder.is_file() and _is_encoder(encoder) else None
 
 
+#: What a seq2seq encoder reads: token ids (T5, BART) or a spectrogram (Whisper's log-mel).
+_ENCODER_INPUTS_READ = ("input_ids", "input_features")
+
+
 def _is_encoder(path: Path) -> bool:
     model = load_model(path)
-    return "input_ids" in {i.name for i in model.graph.input} and _ENCODER_OUTPUT in {
+    return bool({i.name for i in model.graph.input} & set(_ENCODER_INPUTS_READ)) and _ENCODER_OUTPUT in {
         o.name for o in model.graph.output}
+
+
+def _encoder_session(encoder: Path, provider: str) -> OrtSession:
+    from rlx_onnx_amp.sessions import OrtSession  # onnxruntime: when an encoder runs, not at import
+
+    return OrtSession(str(encoder), PROVIDERS[provider], str(encoder), shown=provider, role="the folder's encoder",
+                      threads=session_thread_count(), prepacking=False)
+
+
+#: Where a folder says which token a decoder starts from, first that holds it.
+_START_TOKEN = (("generation_config.json", "decoder_start_token_id"), ("config.json", "decoder_start_token_id"),
+                ("config.json", "pad_token_id"))
+
+
+def start_token(folder: Path | None) -> tuple[int, str]:
+    """The token a seq2seq decoder's first step reads, and where that is written (0 where no
+    config of the folder says: T5's pad token, which starts its decoder)."""
+    for name, key in _START_TOKEN:
+        value = folder_json(folder, name).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value, f"{name} {key}"
+    return 0, "no config says, 0"
+
+
+def samples_through_encoder(
+    decoder: onnx.ModelProto, encoder: Path, samples: Path, spec: InputSpec, folder: Path | None, provider: str
+) -> SampleSets:
+    """A seq2seq decoder's input sets from the user's samples (a wav for Whisper, a prompt for
+    T5): each made into the `encoder`'s inputs by the folder's preprocessing and run through it,
+    its `last_hidden_state` the decoder's `encoder_hidden_states` (under the encoder's mask), and
+    the decoder's `input_ids` its start token, one position (`start_token`): the first step of a
+    generation, which the generate task goes on from. The rest is drawn as without samples (a
+    merged decoder's first sets take the uncached branch)."""
+    model = load_model(encoder)
+    made = read_samples(samples, model, spec.preprocess, folder, sample_filler(model, spec))
+    takes = {i.name for i in model.graph.input}
+    token, said = start_token(folder)
+    session = _encoder_session(encoder, provider)
+    decoder_inputs = {i.name for i in decoder.graph.input}
+    sets = []
+    for k, feeds in enumerate(made):
+        (states,) = session.run([_ENCODER_OUTPUT], {n: v for n, v in feeds.items() if n in takes})
+        batch, length = states.shape[:2]
+        shapes = {"input_ids": (batch, 1), ENCODER_STATES: tuple(states.shape), _ENCODER_MASK: (batch, length)}
+        drawn = synthesized_sets(decoder, dataclasses.replace(
+            spec, shapes={n: s for n, s in shapes.items() if n in decoder_inputs}, samples=1,
+            seed=(spec.seed + k) % 2**63))[0]
+        drawn["input_ids"] = np.full((batch, 1), token, dtype=drawn["input_ids"].dtype)
+        drawn[ENCODER_STATES] = states.astype(drawn[ENCODER_STATES].dtype)
+        if _ENCODER_MASK in drawn:
+            mask = feeds.get("attention_mask", np.ones((batch, length)))
+            drawn[_ENCODER_MASK] = np.asarray(mask).astype(drawn[_ENCODER_MASK].dtype)
+        sets.append(drawn)
+    return SampleSets(sets, f"{made.source} through {encoder.name}; input_ids the start token {token} ({said})")
 
 
 def with_encoder_states(
@@ -283,8 +349,6 @@ def with_encoder_states(
     seeded token ids of the same batch and length (drawn as the encoder's own inputs are),
     under the decoder's `encoder_attention_mask` where it has one. Sets without the input are
     kept; where the encoder cannot run on them, the drawn states are kept, and a warning says so."""
-    from rlx_onnx_amp.sessions import OrtSession  # onnxruntime: when an encoder runs, not at import
-
     model = load_model(encoder)
     takes = {i.name for i in model.graph.input}
     session: OrtSession | None = None
@@ -301,9 +365,7 @@ def with_encoder_states(
         if _ENCODER_MASK in feeds and "attention_mask" in takes:
             drawn["attention_mask"] = np.asarray(feeds[_ENCODER_MASK]).astype(drawn["attention_mask"].dtype)
         try:
-            session = session or OrtSession(str(encoder), PROVIDERS[provider], str(encoder), shown=provider,
-                                            role="the folder's encoder", threads=session_thread_count(),
-                                            prepacking=False)
+            session = session or _encoder_session(encoder, provider)
             (states,) = session.run([_ENCODER_OUTPUT], {n: v for n, v in drawn.items() if n in takes})
         except AmpError as e:
             logger.warning("%s: the decoder's %s stay drawn: the encoder does not run on set %d (%s)", encoder,

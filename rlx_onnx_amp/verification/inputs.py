@@ -61,6 +61,7 @@ __all__ = [
     "load_inputs",
     "parse_range",
     "parse_shape",
+    "sample_filler",
     "save_inputs",
     "synthesize",
     "synthesized_inputs_error",
@@ -462,7 +463,7 @@ def load_inputs(
     spec = spec or InputSpec()
     npz_dir = p.is_dir() and any(f.suffix.lower() == ".npz" and f.is_file() for f in p.iterdir())
     if not npz_dir and is_samples(p):
-        return read_samples(p, model, spec.preprocess, folder, _filler(model, spec))
+        return read_samples(p, model, spec.preprocess, folder, sample_filler(model, spec))
     if p.is_dir():
         npz = sorted((f for f in p.iterdir() if f.suffix.lower() == ".npz" and f.is_file()), key=_natural)
         sets = [_load_npz(f) for f in npz] if npz else [_load_pb_dir(p, names)]
@@ -480,7 +481,9 @@ def load_inputs(
     return [{n: feeds[n] for n in names} for feeds in sets]
 
 
-def _filler(model: onnx.ModelProto, spec: InputSpec) -> Callable[[Mapping[str, Shape], int], dict[str, np.ndarray]]:
+def sample_filler(
+    model: onnx.ModelProto, spec: InputSpec
+) -> Callable[[Mapping[str, Shape], int], dict[str, np.ndarray]]:
     """What fills the inputs a sample leaves: set k synthesized as without samples (seed + k),
     at the sizes the sample's own inputs fix (one size per axis name), with no second size."""
 

@@ -34,15 +34,21 @@ from rlx_onnx_amp.verification.compare import (
     resolve_provider,
     run_each,
 )
-from rlx_onnx_amp.verification.generate import ENCODER_STATES, encoder_beside, with_encoder_states
+from rlx_onnx_amp.verification.generate import (
+    ENCODER_STATES,
+    encoder_beside,
+    samples_through_encoder,
+    with_encoder_states,
+)
 from rlx_onnx_amp.verification.inputs import (
+    PAST_INPUT,
     UnsynthesizableInput,
     check_feeds,
     load_inputs,
     synthesized_inputs_error,
     synthesized_sets,
 )
-from rlx_onnx_amp.verification.samples import SampleSets, folder_positions
+from rlx_onnx_amp.verification.samples import SampleSets, folder_positions, is_samples
 from rlx_onnx_amp.verification.screen import ScreenPlan
 from rlx_onnx_amp.verification.sizes import SizePlan, plan_sizes
 
@@ -128,6 +134,10 @@ def prepare_reference(
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
     options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
+    if options.inputs and options.encoder is not None and is_samples(Path(options.inputs)) and _cache_step(model):
+        logger.warning("%s: a decoder step that reads its cache takes no sample: its inputs are drawn (the folder's "
+                       "decoders that read %s start from the samples)", ref_path, ENCODER_STATES)
+        options = dataclasses.replace(options, inputs=None)
     if not options.inputs and options.spec.positions is None:  # its folder's config.json says how long
         written = folder_positions(model, ref_path.parent)
         # the generate task's greedy steps go on past the prompt: they need positions too
@@ -161,6 +171,13 @@ def prepare_reference(
         outs = reference.runs[0] if reference.runs else {}
         reference.value_shapes = {**reference.shapes(), **{n: tuple(np.shape(v)) for n, v in outs.items()}}
     return reference
+
+
+def _cache_step(model: onnx.ModelProto) -> bool:
+    """A seq2seq decoder's later step: its past cache in, no encoder states (optimum's
+    decoder_with_past_model.onnx): no sample is its input."""
+    names = {i.name for i in model.graph.input}
+    return ENCODER_STATES not in names and any(PAST_INPUT.match(n) for n in names)
 
 
 def _run(reference: Reference, screen: bool, held_out: bool, progress: Progress | None) -> None:
@@ -271,18 +288,25 @@ def input_sets(
     """The input sets a verification runs: the user's file (samples made into inputs by the
     model's `folder`'s preprocessing), or seeded synthesis (at `plan`'s sizes,
     `sizes.plan_sizes`' by default); checked against the model before anything runs."""
-    if options.inputs:
-        samples = load_inputs(options.inputs, model, options.spec, folder)
+    # A seq2seq decoder: its encoder's states, the export folder's (`options.encoder`) or the
+    # encoder file beside it (the decoder given alone, or with its encoder), on drawn inputs or
+    # on the user's samples; an .npz of --inputs gives the states itself.
+    given = Path(options.inputs) if options.inputs else None
+    encoder = Path(options.encoder) if options.encoder is not None else None
+    if encoder is None and folder is not None and (given is None or is_samples(given)):
+        encoder = encoder_beside(model, folder)
+    reads_states = ENCODER_STATES in {i.name for i in model.graph.input}
+    provider = resolve_provider(options.provider)
+    samples: list[dict[str, np.ndarray]]
+    if given is not None and encoder is not None and reads_states and is_samples(given):
+        samples = samples_through_encoder(model, encoder, given, options.spec, folder, provider)
+    elif given is not None:
+        samples = load_inputs(given, model, options.spec, folder)
     else:
         samples = synthesized_sets(model, options.spec, plan)
-    # A seq2seq decoder: its encoder's states, the export folder's (`options.encoder`) or the
-    # encoder file beside it (the decoder given alone, or with its encoder).
-    encoder = Path(options.encoder) if options.encoder is not None else None
-    if encoder is None and folder is not None and not options.inputs:  # --inputs gives the states
-        encoder = encoder_beside(model, folder)
-    if encoder is not None and not options.inputs:
-        samples = with_encoder_states(samples, encoder, options.spec, resolve_provider(options.provider))
-        if plan is not None and ENCODER_STATES in plan.why:  # the report says where they came from
-            plan.why[ENCODER_STATES] += f", the output of {encoder.name} on drawn token ids"
+        if encoder is not None:
+            samples = with_encoder_states(samples, encoder, options.spec, provider)
+            if plan is not None and ENCODER_STATES in plan.why:  # the report says where they came from
+                plan.why[ENCODER_STATES] += f", the output of {encoder.name} on drawn inputs"
     check_feeds(model, samples, f"--inputs {options.inputs}" if options.inputs else "synthesized inputs (--shape)")
     return samples

@@ -54,6 +54,7 @@ __all__ = [
     "Preprocess",
     "SampleKind",
     "SampleSets",
+    "folder_json",
     "folder_positions",
     "is_samples",
     "log_mel",
@@ -173,6 +174,16 @@ def _folder_file(folder: Path | None, name: str) -> Path | None:
     return None
 
 
+def folder_json(folder: Path | None, name: str) -> dict[str, Any]:
+    """The folder's (or its parent's) JSON config `name` as a hint: {} where there is none or it
+    cannot be read (logged), as a model without the file."""
+    try:
+        return _json(_folder_file(folder, name))
+    except InputError as e:
+        logger.info("%s", e)
+        return {}
+
+
 def _json(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -196,12 +207,7 @@ def folder_positions(model: onnx.ModelProto, folder: Path | None) -> tuple[int, 
     export's 64 positions, and Whisper's 448, are fewer than a guessed sequence and its past."""
     if not any(vi.name in _TOKEN_INPUTS for vi in _inputs(model)):
         return None
-    path = _folder_file(folder, "config.json")
-    try:
-        config = _json(path)
-    except InputError as e:  # a size hint only: without it the sequence takes its default
-        logger.info("%s", e)
-        return None
+    config = folder_json(folder, "config.json")
     for key in POSITION_KEYS:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
