@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -328,18 +329,19 @@ TASK_OF_FILE = {
 
 @pytest.mark.slow
 @pytest.mark.skipif(not OPTIMUM_PYTHON, reason=_NO_OPTIMUM)
-@pytest.mark.parametrize(("folder", "kind", "shapes"), [
-    ("t5", "seq2seq", []),
-    ("bert", "feature-extraction", []),
-    ("llama-external", "causal-lm", []),  # its cache's axes guessed: coherent mask and positions by default
-    ("vit", "image-classification", []),  # pixel_values' symbolic axes: sizes from preprocessor_config.json
-    ("resnet", "image-classification", []),
-    ("whisper", "speech-seq2seq", []),
-    ("sentence-transformers", "sentence-embedding", []),  # onnx/model.onnx in a sub-folder, empty 2_Normalize/
+@pytest.mark.parametrize(("folder", "kind", "policy", "args"), [
+    ("t5", "seq2seq", "always-f16", []),
+    ("t5", "seq2seq", "auto-mixed", []),  # the merged decoder's two branches under a search
+    ("bert", "feature-extraction", "auto-mixed", []),
+    ("llama-external", "causal-lm", "always-f16", []),  # 64 positions (config.json): its sequence within
+    ("vit", "image-classification", "always-f16", []),  # pixel_values' symbolic axes: sizes from preprocessor_config.json
+    ("resnet", "image-classification", "auto-mixed", []),
+    ("whisper", "speech-seq2seq", "always-f16", []),
+    ("whisper", "speech-seq2seq", "auto-mixed", ["--inputs", "speech.wav"]),  # decoders through the encoder
+    ("sentence-transformers", "sentence-embedding", "always-f16", []),  # onnx/model.onnx in a sub-folder
 ])
-@pytest.mark.parametrize("policy", ["always-f16", "auto-mixed"])
 def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Path, folder: str, kind: str,
-                                            shapes: list[str], policy: str) -> None:
+                                            policy: str, args: list[str]) -> None:
     """The converted folder loads in ORTModelForSeq2SeqLM / ORTModelForFeatureExtraction /
     ORTModelForCausalLM / ORTModelForImageClassification / ORTModelForSpeechSeq2Seq, and
     sentence-transformers' SentenceTransformer(backend="onnx") as written
@@ -349,8 +351,14 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
     if not (optimum_exports / folder).is_dir():
         pytest.skip(f"fixtures/export_optimum.py wrote no {folder}/: the optimum venv has no sentence-transformers")
     out = tmp_path / "out"
-    result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", "--report-json", tmp_path / "r.json", *shapes)
+    if "speech.wav" in args:  # two seconds of a decaying tone, the samples of a user's recording
+        args = [str(_tone(tmp_path / "speech.wav")) if a == "speech.wav" else a for a in args]
+    result = rlx(optimum_exports / folder, "-p", policy, "-o", out, "-q", "--report-json", tmp_path / "r.json", *args)
     assert result.returncode == 0, result.stdout + result.stderr
+    if args:  # the decoders start from the wav: its encoder's states, the start token
+        froms = {Path(m["output"]).name: m["verify"].get("inputs_from", "")
+                 for m in json.loads((tmp_path / "r.json").read_text())["models"]}
+        assert "through encoder_model.onnx; input_ids the start token" in froms["decoder_model_merged.onnx"], froms
     # With no --task, each file's verdict is on the task its outputs name (issue 39).
     tasks = {Path(m["output"]).name: (m["verify"]["task"]["task"], m["verify"]["task"]["passed"])
              for m in json.loads((tmp_path / "r.json").read_text())["models"]}
@@ -375,6 +383,16 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
         assert got["tokens"] == want["tokens"]
         a, b = (np.asarray(r["first_logits"], dtype=np.float64).ravel() for r in (want, got))
     assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.999
+
+
+def _tone(path: Path) -> Path:
+    t = np.arange(32000) / 16000
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.sin(2 * np.pi * 440 * t) * np.exp(-t) * 12000).astype(np.int16).tobytes())
+    return path
 
 
 def test_an_empty_sub_folder_is_made_again(tmp_path: Path) -> None:
