@@ -269,3 +269,26 @@ def test_the_overlapped_and_the_one_at_a_time_runs_report_alike(written: tuple[P
         assert getattr(overlapped, field) == getattr(one_at_a_time, field), field
     assert overlapped.latency is not None and one_at_a_time.latency is not None
     assert overlapped.latency.candidate_ms is not None and one_at_a_time.latency.candidate_ms is not None
+
+
+def test_a_heavy_input_is_not_timed_where_the_provider_only_stands_in(written: tuple[Path, Path],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `SECOND_SIZE_WEIGHT_LIMIT` of weights (here 0), on a provider that stands in for the
+    target, the input gets no second session for a time that concludes nothing: the written file
+    is timed alone and the note says why. On the target's own provider both are timed."""
+    from rlx_onnx_amp.reports.text import latency_line
+    from rlx_onnx_amp.verification import core
+    from rlx_onnx_amp.verification.options import VerifyOptions
+
+    src, cand = written
+    monkeypatch.setattr(core, "SECOND_SIZE_WEIGHT_LIMIT", 0)
+    found = {}
+    for target in ("cuda", "cpu"):
+        with core.Verifier.prepare(src, VerifyOptions(provider="cpu", target=target)) as verifier:
+            found[target] = verifier.verify(cand)
+    stand_in, own = found["cuda"].latency, found["cpu"].latency
+    assert stand_in is not None and stand_in.reference_ms is None and stand_in.candidate_ms is not None
+    assert stand_in.note is not None and stand_in.note.startswith("the input not timed: cpu stands in for the cuda")
+    assert own is not None and own.reference_ms is not None and own.candidate_ms is not None and own.note is None
+    line = latency_line(found["cuda"], "cuda")
+    assert line is not None and line.startswith("latency on cpu: the written model ") and "the input not timed" in line

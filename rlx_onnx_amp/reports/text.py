@@ -714,6 +714,9 @@ def latency_line(v: Verification, target: str | None) -> str | None:
     lat = v.latency
     if lat is None:
         return None
+    if lat.reference_ms is None and lat.candidate_ms is not None:  # the written file alone was timed
+        return (f"latency on {lat.provider}: the written model {lat.candidate_ms:.3g} ms per inference (median of "
+                f"{lat.runs}); {summarized(lat.note or 'the input not timed', 200)}")
     if lat.reference_ms is None or lat.candidate_ms is None:
         return f"latency on {lat.provider}: not measured ({summarized(lat.note or 'unknown', 120)})"
     ratio = lat.speedup

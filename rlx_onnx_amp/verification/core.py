@@ -55,6 +55,7 @@ from rlx_onnx_amp.verification.localize import localize, reference_values, share
 from rlx_onnx_amp.verification.metrics import compare_arrays
 from rlx_onnx_amp.verification.options import PROVIDERS
 from rlx_onnx_amp.verification.reference import Reference, ReferenceUnavailable, prepare_reference
+from rlx_onnx_amp.verification.sizes import SECOND_SIZE_WEIGHT_LIMIT, weight_bytes
 from rlx_onnx_amp.verification.task import Task, choose_task, judge_task
 
 __all__ = ["Judgement", "Verifier", "verify"]
@@ -273,11 +274,17 @@ class Verifier:
     def _latency(self, cand_ms: float | None, cand_error: str | None) -> Latency:
         """The reference's time per inference here beside the written file's: what the
         conversion buys (or costs) on this provider."""
-        ref = self.reference
+        ref, target = self.reference, self.options.target
         runs = latency_runs(ref, self.options.latency_runs)
         notes = [cand_error] if cand_error else []
         ref_ms = None
-        if runs:
+        weights = weight_bytes(ref.model)
+        if runs and target not in (None, ref.provider) and weights > SECOND_SIZE_WEIGHT_LIMIT:
+            # a second session of the input's weights costs more than a time that concludes nothing
+            notes.append(f"the input not timed: {ref.provider} stands in for the {target} target, and another "
+                         f"session of its {weights / 2**30:.1f} GiB of weights is not worth a number with no "
+                         "speed conclusion")
+        elif runs:
             try:
                 ref_ms = measure_latency(_timed_run(ref, ref.path, runs, str(ref.path), "the input"),
                                          typed_feeds(ref.model, ref.samples[0]))

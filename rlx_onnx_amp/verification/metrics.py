@@ -277,7 +277,10 @@ def _distribution(diff: np.ndarray, rf: np.ndarray, cf: np.ndarray, flat: np.nda
         counts, _ = np.histogram(positive, edges)
         histogram.update(edges=_short(edges), counts=[int(n) for n in counts])
     picks = np.unique(np.linspace(0, diff.size - 1, min(SAMPLE_SIZE, diff.size)).astype(np.int64))
-    worst = np.argsort(diff)[-WORST_SHOWN:][::-1]
+    # the largest few, largest first: a partition, not a sort of millions of logits
+    shown = min(WORST_SHOWN, diff.size)
+    largest = np.argpartition(diff, diff.size - shown)[diff.size - shown:] if shown else np.arange(0)
+    worst = largest[np.argsort(diff[largest], kind="stable")][::-1]
     return {
         "abs_error_histogram": histogram,
         "sample": {

@@ -41,7 +41,7 @@ from rlx_onnx_amp.precision import FLOAT_TYPES
 from rlx_onnx_amp.tensors import tensor_nbytes
 from rlx_onnx_amp.types import structure_copy
 
-__all__ = ["SIZES", "AxisKind", "SizePlan", "index_extents", "model_stride", "plan_sizes"]
+__all__ = ["SIZES", "AxisKind", "SizePlan", "index_extents", "model_stride", "plan_sizes", "weight_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +273,11 @@ def _metadata_sizes(model: onnx.ModelProto) -> dict[AxisKind, tuple[list[int], s
     return sizes
 
 
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of the main graph's initializers (external data counted by their shapes)."""
+    return sum(tensor_nbytes(t) for t in model.graph.initializer)
+
+
 def plan_sizes(
     model: onnx.ModelProto,
     given: Mapping[str, Shape],
@@ -285,7 +290,7 @@ def plan_sizes(
     `grow` whether a second size is drawn (not past `SECOND_SIZE_WEIGHT_LIMIT` of weights),
     `positions` the most token positions the model holds and where that is written
     (`InputSpec.positions`): a guessed sequence, with its past and at its second size, stays within."""
-    weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
+    weights = weight_bytes(model)
     heavy = grow and weights > SECOND_SIZE_WEIGHT_LIMIT
     planner = _Planner(model, given, attempt, grow and not heavy, positions)
     shapes: dict[str, Shape] = {}
