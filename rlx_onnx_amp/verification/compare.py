@@ -40,6 +40,7 @@ __all__ = [
     "Scratch",
     "Session",
     "VerifyOptions",
+    "emulated_model",
     "emulated_without_loading",
     "emulation_reason",
     "open_compared",
@@ -236,7 +237,7 @@ class Scratch(ScratchDir):
 _EMULATED_DATA = "rlx-amp-emulated.data"
 
 
-def _emulated_model(
+def emulated_model(
     ref_model: onnx.ModelProto,
     ref_dir: Path | None,
     cand_model: onnx.ModelProto,
@@ -320,6 +321,7 @@ def open_compared(
     progress: Progress | None = None,
     cannot_run: str | None = None,
     ran: bool = False,
+    emulated: onnx.ModelProto | None = None,
 ) -> Compared:
     """A session on the candidate (loaded from `cand_path` when given, else from scratch), or on
     its emulation when the provider cannot run it faithfully (see `emulation_reason`).
@@ -327,7 +329,8 @@ def open_compared(
     child process): it is not loaded in this one. `ran`: the file at `cand_path` already ran on
     `provider` (in a child process): where it is emulated anyway, it is not loaded again only to
     prove that it loads (onnxruntime's CPU session on an f16 graph grows faster than the graph:
-    about 30 s for a 20,000-node chain)."""
+    about 30 s for a 20,000-node chain). `emulated`: the emulation, where the caller built it
+    already (`emulated_model`, while the written file ran in its child)."""
     low = low_precision_values(cand_model)
     precision = _lowest_precision(low)
     session: Session | None = None
@@ -351,7 +354,7 @@ def open_compared(
         return Compared(cand_model, base, session, precision, low, False, None, loaded)
     session = None  # free it first, so at most two sessions are held
     cand_dir = cand_path.parent if cand_path is not None else None
-    model = _emulated_model(ref_model, ref_dir, cand_model, scratch, progress, cand_dir=cand_dir)
+    model = emulated or emulated_model(ref_model, ref_dir, cand_model, scratch, progress, cand_dir=cand_dir)
     return Compared(
         model,
         ref_dir,

@@ -42,6 +42,7 @@ from rlx_onnx_amp.verification.compare import (
     Scratch,
     Session,
     VerifyOptions,
+    emulated_model,
     emulated_without_loading,
     open_compared,
     run_each,
@@ -139,15 +140,16 @@ class Verifier:
         progress: Progress | None = None,
         cannot_run: str | None = None,
         ran: bool = False,
+        emulated: onnx.ModelProto | None = None,
     ) -> Judgement:
         """`model` (read from `path` when given, else saved to scratch) run on every input set,
-        or its emulation (see `compare.open_compared`: `cannot_run`, `ran`), and each output
-        judged against the reference's by the tolerance."""
+        or its emulation (see `compare.open_compared`: `cannot_run`, `ran`, `emulated`), and each
+        output judged against the reference's by the tolerance."""
         ref = self.reference
         task, named, chosen_by = self._task(progress)
         compared = open_compared(
             ref.model, ref.path.parent, model, path, ref.provider, self.options.emulate, self.scratch, label, progress,
-            cannot_run, ran,
+            cannot_run, ran, emulated,
         )
         runs = run_each(compared, ref.samples, ref.output_names, progress, "running the candidate")
         cand_steps = None
@@ -336,19 +338,31 @@ def _run_and_judge(
     emulation that does not load the file in this process and the weights are small, the two run
     at the same time: onnxruntime's CPU session on an f16 graph is what grows fastest with a
     graph's size (docs/benchmarks.md); the child's timed runs wait until the judgement is done,
-    so that they do not share the CPUs with it."""
+    so that they do not share the CPUs with it. Above `OVERLAP_MAX_BYTES`, one session at a time:
+    the emulation's weights are rounded while the child runs (no session in this process), its
+    session made once the child is done."""
     ref, options = verifier.reference, verifier.options
     sets = [typed_feeds(model, feeds) for feeds in ref.samples]
     args = (time_written_model, _timed_run(ref, path, latency_runs(ref, options.latency_runs), label), sets,
             ref.output_names)
-    overlap = emulated_without_loading(model, ref.provider, options.emulate) and sum(
-        tensor_nbytes(t) for t in model.graph.initializer
-    ) <= OVERLAP_MAX_BYTES
+    emulates = emulated_without_loading(model, ref.provider, options.emulate)
+    overlap = emulates and sum(tensor_nbytes(t) for t in model.graph.initializer) <= OVERLAP_MAX_BYTES
     if not overlap:
-        with start_in_child(*args) as pending:
-            answer, crashed = _written_answer(pending, verifier, label)
+        emulation = None
+        if emulates:  # its weights rounded while the child runs (no session here: one at a time still)
+            built = child_event()
+            with start_in_child(*args, built) as pending:
+                try:
+                    emulation = emulated_model(ref.model, ref.path.parent, model, verifier.scratch, progress,
+                                               cand_dir=path.parent)
+                finally:
+                    built.set()  # the child's timed runs, on CPUs this process no longer uses
+                answer, crashed = _written_answer(pending, verifier, label)
+        else:
+            with start_in_child(*args) as pending:
+                answer, crashed = _written_answer(pending, verifier, label)
         judged = verifier.judge(model, path, label=label, progress=progress, cannot_run=answer.error,
-                                ran=answer.error is None)
+                                ran=answer.error is None, emulated=emulation)
         return answer.ms, answer.error, judged, _written_run(verifier, answer, crashed, judged)
     go = child_event()
     with start_in_child(*args, go) as pending:  # a stop (^C, SIGTERM) leaves it: the child is killed
