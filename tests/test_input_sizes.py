@@ -357,3 +357,23 @@ def test_folder_positions_reads_the_decoders_own_key_beside_or_above_the_model(t
     assert folder_positions(lstm_batch_first(), tmp_path) is None
     (tmp_path / "config.json").write_text("{not json")
     assert folder_positions(position_table_step(), tmp_path) is None
+
+
+def test_an_attention_mask_is_a_tokenizers_padding_not_noise() -> None:
+    """`attention_mask [batch, seq]` drawn as a tokenizer pads a batch of prompts: the first set
+    all ones, the next with its first quarter padding (and so on, alternating), never a row
+    without a token; the ids are drawn as before. An --input-range on it still draws {0, 1}."""
+    model = _model([helper.make_node("Gather", ["table", "input_ids"], ["e"]),
+                    helper.make_node("Cast", ["attention_mask"], ["m"], to=F),
+                    helper.make_node("Unsqueeze", ["m", "last"], ["mu"]),
+                    helper.make_node("Mul", ["e", "mu"], ["y"])],
+                   [helper.make_tensor_value_info("input_ids", I64, ["batch", "seq"]),
+                    helper.make_tensor_value_info("attention_mask", I64, ["batch", "seq"])],
+                   [helper.make_tensor_value_info("y", F, ["batch", "seq", 4])],
+                   [_w("table", 50, 4), numpy_helper.from_array(np.array([-1], np.int64), "last")])
+    first, second = synthesized_sets(model, InputSpec(samples=2, shapes={"input_ids": (1, 16)}))[:2]
+    assert first["attention_mask"].tolist() == [[1] * 16]
+    assert second["attention_mask"].tolist() == [[0] * 4 + [1] * 12]
+    assert first["input_ids"].max() < 50 and not np.array_equal(first["input_ids"], second["input_ids"])
+    ranged = synthesized_sets(model, InputSpec(samples=1, ranges={"attention_mask": (0, 2)}))[0]["attention_mask"]
+    assert set(np.unique(ranged)) == {0, 1}

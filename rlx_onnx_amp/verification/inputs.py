@@ -15,7 +15,9 @@ Synthesis rules (docs/verification.md, "Inputs"):
   through Cast/Reshape/Unsqueeze/...) get token ids below the table size; those that index
   another tensor of fixed shape (Gather, GatherElements, ScatterElements, GatherND, ScatterND
   indices, through value-passing ops, at the planned shapes: `sizes.index_extents`) get values
-  below its extent; inputs whose name says "mask" get {0, 1}; an integer scalar the graph
+  below its extent; a [batch, sequence] input whose name says "mask" is a tokenizer's padding
+  mask (ones, the first quarter zeros in every other row, alternating from set to set), other
+  inputs whose name says "mask" get {0, 1}; an integer scalar the graph
   compares with a constant (`Equal(sr, 16000)`) gets that constant, one named `sr` or
   `sample_rate` 16000; other
   integer scalars must come from --input-range or a file (with verification by default: written
@@ -362,7 +364,24 @@ def synthesize(
             feeds[vi.name] = rng.integers(0, 2, shape).astype(np.bool_)
         else:
             feeds[vi.name] = rng.integers(int(lo), max(int(hi), int(lo) + 1), shape).astype(dtype)
+        if _padding_mask(vi.name, shape, spec):  # drawn first all the same: the other inputs keep their values
+            feeds[vi.name] = _padded_ones(shape, sample).astype(dtype)
     return feeds
+
+
+def _padding_mask(name: str, shape: Shape, spec: InputSpec) -> bool:
+    """An integer or bool [batch, sequence] input named as a mask (`attention_mask`), with no
+    --input-range: a tokenizer's padding mask, not noise."""
+    return "mask" in name.lower() and len(shape) == 2 and name not in spec.ranges
+
+
+def _padded_ones(shape: Shape, sample: int) -> np.ndarray:
+    """A tokenizer's mask over a padded batch: ones, and in every other row (alternating from set
+    to set) the first quarter of the positions padding (zeros), as a batch of prompts is padded
+    for generation (the last position a token); never a row without one."""
+    mask = np.ones(shape, dtype=np.int64)
+    mask[(np.arange(shape[0]) + sample) % 2 == 1, : shape[1] // 4] = 0
+    return mask
 
 
 def _value_range(
