@@ -125,3 +125,16 @@ def test_a_merged_decoders_cached_branch_takes_one_new_token_after_its_past() ->
     assert cached["position_ids"].tolist() == [[past]]
     given = synthesized_sets(_merged_step(), InputSpec(shapes={"input_ids": (1, 3)}, samples=2))
     assert [s["input_ids"].shape for s in given][:2] == [(1, 3), (1, 3)]
+
+
+def test_a_merged_decoders_second_size_is_its_prompt_at_twice_the_length(tmp_path: Path) -> None:
+    """The report's second size is the first set drawn at it (twice the prompt), not the cached
+    branch's one-token set at the first size, whose shape differs too."""
+    from rlx_onnx_amp.verification.options import VerifyOptions
+    from rlx_onnx_amp.verification.reference import prepare_reference
+
+    path = tmp_path / "merged.onnx"
+    onnx.save(_merged_step(), str(path))
+    reference = prepare_reference(path, VerifyOptions(provider="cpu"))
+    second = reference.second_size()
+    assert second is not None and second["input_ids"] == (1, 2 * reference.shapes()["input_ids"][1])
