@@ -275,7 +275,9 @@ def test_a_speech_folders_decoder_starts_from_a_wav_through_its_encoder(tmp_path
     wav = tmp_path / "speech.wav"
     t = np.arange(12000) / 16000
     with wave.open(str(wav), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
         w.writeframes((np.sin(2 * np.pi * 440 * t) * np.exp(-3 * t) * 12000).astype(np.int16).tobytes())
     read = prepare_reference(decoder, VerifyOptions(provider="cpu", inputs=str(wav), encoder=str(encoder)))
     assert len(read.samples) == 1 and read.samples[0]["input_ids"].tolist() == [[3]]
