@@ -26,10 +26,10 @@ docs:
 	@log=$$($(PYTHON) -m mkdocs build --strict 2>&1) || { printf '%s\n' "$$log" >&2; exit 1; }
 
 test: lint docs
-	$(PYTHON) -m pytest -q -n auto
+	$(PYTHON) -m pytest -q -n auto --dist worksteal
 
 test-fast: lint docs
-	$(PYTHON) -m pytest -q -n auto -m "not slow and not sweep"
+	$(PYTHON) -m pytest -q -n auto --dist worksteal -m "not slow and not sweep"
 
 fixtures:
 	$(PYTHON) fixtures/make_fixtures.py

@@ -330,8 +330,7 @@ TASK_OF_FILE = {
 @pytest.mark.slow
 @pytest.mark.skipif(not OPTIMUM_PYTHON, reason=_NO_OPTIMUM)
 @pytest.mark.parametrize(("folder", "kind", "policy", "args"), [
-    ("t5", "seq2seq", "always-f16", []),
-    ("t5", "seq2seq", "auto-mixed", []),  # the merged decoder's two branches under a search
+    ("t5", "seq2seq", "always-f16", []),  # whisper's auto-mixed row: a merged decoder under a search
     ("bert", "feature-extraction", "auto-mixed", []),
     ("llama-external", "causal-lm", "always-f16", []),  # 64 positions (config.json): its sequence within
     ("vit", "image-classification", "always-f16", []),  # pixel_values' symbolic axes: sizes from preprocessor_config.json
