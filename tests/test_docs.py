@@ -28,6 +28,7 @@ OTHER_TOOLS_FLAGS = {
     "--rlx-policy", "--tv-python", "--autocast-python",  # bench/gain_zoo.py
     "--policies",  # bench/scale.py
     "--runs",  # bench/startup.py, bench/task_cost.py
+    "--dist",  # pytest-xdist (make test)
     "--onnx", "--save", "--strongly", "--trt", "--onnxrt",  # trtexec, polygraphy run (docs/recipes.md)
 }
 
