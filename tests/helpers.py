@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import traceback
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,12 @@ def save_integer_scalar_model(path: Path) -> Path:
     onnx.save(model, str(path))
     return path
 
+
+def write_wav(path: Path, rate: int, channels: int, samples: np.ndarray) -> Path:
+    """16-bit PCM `samples` (interleaved where `channels` > 1) as a wav file at `path`."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.asarray(samples).astype("<i2").tobytes())
+    return path

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rlx_onnx_amp.directory import scan_export_dir
-from tests.helpers import rlx
+from tests.helpers import rlx, write_wav
 
 REPO = Path(__file__).resolve().parent.parent
 GENAI = REPO / "fixtures" / "models" / "genai-llama"
@@ -384,12 +383,7 @@ def test_optimum_loads_the_converted_export(optimum_exports: Path, tmp_path: Pat
 
 def _tone(path: Path) -> Path:
     t = np.arange(32000) / 16000
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.sin(2 * np.pi * 440 * t) * np.exp(-t) * 12000).astype(np.int16).tobytes())
-    return path
+    return write_wav(path, 16000, 1, np.sin(2 * np.pi * 440 * t) * np.exp(-t) * 12000)
 
 
 def test_an_empty_sub_folder_is_made_again(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from rlx_onnx_amp.verification.inputs import InputSpec, synthesized_sets
 from rlx_onnx_amp.verification.options import VerifyOptions
 from rlx_onnx_amp.verification.reference import prepare_reference
 from rlx_onnx_amp.verification.task import Task, choose_task
-from tests.helpers import rlx
+from tests.helpers import rlx, write_wav
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -274,11 +274,7 @@ def test_a_speech_folders_decoder_starts_from_a_wav_through_its_encoder(tmp_path
     (folder / "config.json").write_text(json.dumps({"architectures": ["WhisperForConditionalGeneration"]}))
     wav = tmp_path / "speech.wav"
     t = np.arange(12000) / 16000
-    with wave.open(str(wav), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.sin(2 * np.pi * 440 * t) * np.exp(-3 * t) * 12000).astype(np.int16).tobytes())
+    write_wav(wav, 16000, 1, np.sin(2 * np.pi * 440 * t) * np.exp(-3 * t) * 12000)
     read = prepare_reference(decoder, VerifyOptions(provider="cpu", inputs=str(wav), encoder=str(encoder)))
     assert len(read.samples) == 1 and read.samples[0]["input_ids"].tolist() == [[3]]
     assert read.inputs_from is not None and read.inputs_from.endswith(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from rlx_onnx_amp.verification.inputs import InputSpec, load_inputs
 from rlx_onnx_amp.verification.samples import SampleSets, parse_preprocess
-from tests.helpers import rlx
+from tests.helpers import rlx, write_wav
 
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
 CLIP_CONFIG = {
@@ -170,15 +169,6 @@ def test_a_bare_image_takes_metadata_or_the_defaults(tmp_path: Path) -> None:
     assert np.array_equal(got, ((g * np.float32(1 / 255) - np.float32(0.5)) / np.float32(0.25))[None, :, :, None])
 
 
-def _wav(path: Path, rate: int, channels: int, samples: np.ndarray) -> Path:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.astype("<i2").tobytes())
-    return path
-
-
 def audio_model() -> onnx.ModelProto:
     """audio [1, samples] -> Conv1d(k 8, stride 4) -> Tanh -> ReduceMean -> score, negated unless
     Equal(sr, 16000): the rate the model was trained at."""
@@ -199,7 +189,7 @@ def test_a_wav_is_resampled_into_the_audio_input_and_sr(tmp_path: Path) -> None:
     onnx.save(audio_model(), str(src))
     t = np.arange(800) / 8000  # 0.1 s of stereo at 8 kHz: a tone on the left, another on the right
     stereo = np.stack([np.sin(2 * np.pi * 440 * t), 0.5 * np.sin(2 * np.pi * 1000 * t)], axis=1) * 20000
-    clip = _wav(tmp_path / "clip.wav", 8000, 2, stereo.round())
+    clip = write_wav(tmp_path / "clip.wav", 8000, 2, stereo.round())
     out, used, report = tmp_path / "out.onnx", tmp_path / "s.npz", tmp_path / "r.json"
     result = rlx(src, "-p", "always-f16", "-o", out, "--provider", "cpu", "--no-emulate", "--inputs", clip,
                  "--save-inputs", used, "--report-json", report)
@@ -232,7 +222,7 @@ def test_whisper_features_are_transformers_own(tmp_path: Path) -> None:
                       nh.from_array(rng.standard_normal((80, 4)).astype(np.float32), "w")])
     encoder.opset_import[0].version = 18  # ReduceMean's axes as an input
     pcm = (rng.standard_normal(24000) * 3000).round()
-    clip = _wav(tmp_path / "speech.wav", 16000, 1, pcm)
+    clip = write_wav(tmp_path / "speech.wav", 16000, 1, pcm)
     sets = load_inputs(clip, encoder, InputSpec(), tmp_path)
     theirs = extractor((pcm / 32768).astype(np.float32), sampling_rate=16000, return_tensors="np")["input_features"]
     assert sets[0]["input_features"].shape == theirs.shape == (1, 80, 3000)
@@ -298,7 +288,7 @@ def test_a_sample_the_model_cannot_take_is_one_line(tmp_path: Path) -> None:
     onnx.save(classifier(["batch", 3, "height", "width"]), str(image_model))
     onnx.save(text_model(), str(text_only))
     out = tmp_path / "out.onnx"
-    clip = _wav(tmp_path / "clip.wav", 16000, 1, np.zeros(100))
+    clip = write_wav(tmp_path / "clip.wav", 16000, 1, np.zeros(100))
     _refused(rlx(image_model, "-o", out, "--inputs", clip), out,
              "clip.wav: an audio sample needs one float input of rank 1 or 2", "pixel_values [?, 3, ?, ?] float32")
     _refused(rlx(text_only, "-o", out, "--inputs", _png(tmp_path / "p.png", 8, 8, 5)), out,
