@@ -325,21 +325,26 @@ def samples_through_encoder(
     token, said = start_token(folder)
     session = _encoder_session(encoder, provider)
     decoder_inputs = {i.name for i in decoder.graph.input}
+    ids = next((n for n in _IDS if n in decoder_inputs), None)
     sets = []
     for k, feeds in enumerate(made):
         (states,) = session.run([_ENCODER_OUTPUT], {n: v for n, v in feeds.items() if n in takes})
         batch, length = states.shape[:2]
-        shapes = {"input_ids": (batch, 1), ENCODER_STATES: tuple(states.shape), _ENCODER_MASK: (batch, length)}
+        shapes = {ENCODER_STATES: tuple(states.shape), _ENCODER_MASK: (batch, length)}
+        if ids is not None:
+            shapes[ids] = (batch, 1)
         drawn = synthesized_sets(decoder, dataclasses.replace(
             spec, shapes={n: s for n, s in shapes.items() if n in decoder_inputs}, samples=1,
             seed=(spec.seed + k) % 2**63))[0]
-        drawn["input_ids"] = np.full((batch, 1), token, dtype=drawn["input_ids"].dtype)
+        if ids is not None:
+            drawn[ids] = np.full((batch, 1), token, dtype=drawn[ids].dtype)
         drawn[ENCODER_STATES] = states.astype(drawn[ENCODER_STATES].dtype)
         if _ENCODER_MASK in drawn:
             mask = feeds.get("attention_mask", np.ones((batch, length)))
             drawn[_ENCODER_MASK] = np.asarray(mask).astype(drawn[_ENCODER_MASK].dtype)
         sets.append(drawn)
-    return SampleSets(sets, f"{made.source} through {encoder.name}; input_ids the start token {token} ({said})")
+    first = f"; {ids} the start token {token} ({said})" if ids is not None else ""
+    return SampleSets(sets, f"{made.source} through {encoder.name}{first}")
 
 
 def with_encoder_states(

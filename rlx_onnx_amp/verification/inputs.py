@@ -364,15 +364,15 @@ def synthesize(
             feeds[vi.name] = rng.integers(0, 2, shape).astype(np.bool_)
         else:
             feeds[vi.name] = rng.integers(int(lo), max(int(hi), int(lo) + 1), shape).astype(dtype)
-        if _padding_mask(vi.name, shape, spec):  # drawn first all the same: the other inputs keep their values
+        if _padding_mask(vi.name, dtype, shape, spec):  # drawn first all the same: the others keep their values
             feeds[vi.name] = _padded_ones(shape, sample).astype(dtype)
     return feeds
 
 
-def _padding_mask(name: str, shape: Shape, spec: InputSpec) -> bool:
+def _padding_mask(name: str, dtype: np.dtype, shape: Shape, spec: InputSpec) -> bool:
     """An integer or bool [batch, sequence] input named as a mask (`attention_mask`), with no
-    --input-range: a tokenizer's padding mask, not noise."""
-    return "mask" in name.lower() and len(shape) == 2 and name not in spec.ranges
+    --input-range: a tokenizer's padding mask, not noise (a float mask may be additive)."""
+    return dtype.kind in "iub" and "mask" in name.lower() and len(shape) == 2 and name not in spec.ranges
 
 
 def _padded_ones(shape: Shape, sample: int) -> np.ndarray:

@@ -131,7 +131,8 @@ def prepare_reference(
     provider = resolve_provider(options.provider)
     model = load_model(ref_path)
     options.tolerance.check_outputs((o.name for o in model.graph.output), ref_path)
-    if options.inputs and options.encoder is not None and is_samples(Path(options.inputs)) and _cache_step(model):
+    given = Path(options.inputs) if options.inputs else None
+    if given is not None and options.encoder is not None and is_samples(given) and _later_decoder_step(model):
         logger.warning("%s: a decoder step that reads its cache takes no sample: its inputs are drawn (the folder's "
                        "decoders that read %s start from the samples)", ref_path, ENCODER_STATES)
         options = dataclasses.replace(options, inputs=None)
@@ -170,7 +171,7 @@ def prepare_reference(
     return reference
 
 
-def _cache_step(model: onnx.ModelProto) -> bool:
+def _later_decoder_step(model: onnx.ModelProto) -> bool:
     """A seq2seq decoder's later step: its past cache in, no encoder states (optimum's
     decoder_with_past_model.onnx): no sample is its input."""
     names = {i.name for i in model.graph.input}
